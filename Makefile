@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each builds .venv itself.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: the CPU wheel from local disk where one exists, never a CUDA build by accident.
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/torsh-tune profile --nproc-per-node 2 --steps 40 --warmup-steps 5 examples/ddp_mlp.py --hidden 512
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q --timeout 600 tests
+
+clean:
+	rm -rf $(VENV) torsh-runs

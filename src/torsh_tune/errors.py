@@ -1,0 +1,30 @@
+"""Errors torsh-tune raises for user mistakes and failed runs.
+
+Every user-facing message has the form "<what> must be <rule>, but got <value>" so the
+CLI can print it as one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TorshTuneError", "ConfigError", "LaunchError", "TrialError"]
+
+
+class TorshTuneError(Exception):
+    """Base class of every error torsh-tune raises on purpose."""
+
+
+class ConfigError(TorshTuneError, ValueError):
+    """A configuration value, flag or file is invalid (exit status 2)."""
+
+
+class LaunchError(TorshTuneError):
+    """The run could not be started or supervised (missing torchrun, bad launcher template)."""
+
+
+class TrialError(TorshTuneError):
+    """An autotuner trial failed in a way that is recorded rather than raised to the user."""
+
+
+def invalid(what: str, rule: str, value: object) -> ConfigError:
+    """Build the canonical one-line ConfigError: `<what> must be <rule>, but got <value>`."""
+    return ConfigError(f"{what} must be {rule}, but got {value!r}")

@@ -1,0 +1,1 @@
+"""Code that runs inside each rank: bootstrap, patches, step budget, clean shutdown."""
