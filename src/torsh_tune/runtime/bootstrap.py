@@ -1,20 +1,96 @@
 """Entry point of every rank: `python -m torsh_tune.runtime.bootstrap SCRIPT ARGS...`.
 
-(Minimal placeholder while the instrumentation is written: runs the script with runpy.)
+torchrun starts this module in each worker. It reads the run's config (the only two
+variables that carry it are TORSH_TUNE_RUN_DIR and TORSH_TUNE_CONFIG), installs the probes
+and patches, runs the unmodified script with `runpy` as `__main__`, and ends the rank
+cleanly: at the step budget every rank meets at a barrier and the process group is
+destroyed; on an exception the rank's exit record says what happened.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+import traceback
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from ..rundir import ENV_CONFIG, ENV_RUN_DIR, RunDir
 
 
-def main(argv: list[str] | None = None) -> None:
+def _load_config() -> RunConfig:
+    raw = os.environ.get(ENV_CONFIG)
+    if not raw:
+        return RunConfig()
+    text = raw if raw.lstrip().startswith("{") else Path(raw).read_text()
+    return RunConfig.from_json(text)
+
+
+def _teardown_process_group(*, barrier: bool) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    if barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("torsh-tune bootstrap: usage: python -m torsh_tune.runtime.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
     script = argv[0]
+    try:
+        config = _load_config()
+    except ConfigError as exc:
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+        return 2
+    run_dir_env = os.environ.get(ENV_RUN_DIR)
+    run_dir = RunDir(run_dir_env) if run_dir_env else None
+
+    from . import patches
+    from .budget import StepBudgetReached
+    from .context import RankRuntime
+
+    rt = RankRuntime(config, run_dir)
+    patches.install(rt)
+    rt.start()
+
     sys.argv = argv
-    runpy.run_path(script, run_name="__main__")
+    script_dir = str(Path(script).resolve().parent)
+    if sys.path and sys.path[0] != script_dir:
+        sys.path.insert(0, script_dir)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except StepBudgetReached:
+        _teardown_process_group(barrier=True)
+        rt.finish("budget")
+        return 0
+    except SystemExit as exc:
+        code = exc.code
+        if code in (None, 0):
+            _teardown_process_group(barrier=False)
+            rt.finish("ok")
+            return 0
+        rt.finish("error", error=exc, tb=f"SystemExit({code!r})")
+        raise
+    except ConfigError as exc:
+        rt.finish("config_error", error=exc)
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException as exc:
+        rt.finish("error", error=exc, tb=traceback.format_exc())
+        raise
+    # The script returned on its own (it may never have called destroy_process_group;
+    # leaving the group alive makes about one exit in eight abort on gloo).
+    _teardown_process_group(barrier=False)
+    rt.finish("ok")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

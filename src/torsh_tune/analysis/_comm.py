@@ -1,0 +1,135 @@
+"""Communication: exposure, overlap, wait vs transfer, achieved bandwidth."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ._types import CommStats
+
+__all__ = ["aligned_collectives", "bus_factor", "comm_stats"]
+
+# nccl-tests' bus-bandwidth factors (PERFORMANCE.md): busbw = algbw * factor(n).
+_RING_2 = {"all_reduce", "allreduce"}
+_RING_1 = {"all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall",
+           "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"}
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests factor turning algorithm bandwidth into bus bandwidth for `collective`."""
+    n = max(int(world_size), 1)
+    name = collective.lower()
+    if name in _RING_2:
+        return 2.0 * (n - 1) / n
+    if name in _RING_1:
+        return (n - 1) / n
+    return 1.0  # broadcast, reduce, send/recv: every byte crosses one link once
+
+
+def aligned_collectives(comm: pd.DataFrame) -> pd.DataFrame:
+    """Comm records with the cross-rank split of each collective's duration.
+
+    The same collective on every rank is identified by (step, seq). Its `transfer_s` is
+    the minimum duration across ranks: the last rank to arrive waits for no one, so its
+    duration is what the wire needs. Each rank's `wait_s` = own duration - transfer_s
+    (skew + contention), and `lateness_s` = own t_issue - earliest t_issue; this is the
+    split the PyTorch TensorBoard plugin and TraceLens make.
+
+    Returns:
+        A copy of `comm` with columns transfer_s, wait_s, lateness_s, group_size added.
+    """
+    df = comm.copy()
+    if df.empty:
+        for col in ("transfer_s", "wait_s", "lateness_s", "group_size"):
+            df[col] = pd.Series(dtype=float)
+        return df
+    df["duration_s"] = pd.to_numeric(df["duration_s"], errors="coerce").astype(float)
+    df["t_issue"] = pd.to_numeric(df["t_issue"], errors="coerce").astype(float)
+    group = df.groupby(["step", "seq"])
+    df["transfer_s"] = group["duration_s"].transform("min")
+    df["wait_s"] = (df["duration_s"] - df["transfer_s"]).clip(lower=0.0)
+    df["lateness_s"] = df["t_issue"] - group["t_issue"].transform("min")
+    df["group_size"] = group["rank"].transform("nunique")
+    return df
+
+
+def comm_stats(
+    steps: pd.DataFrame,
+    comm: pd.DataFrame,
+    *,
+    world_size: int,
+    meta: dict[int, dict[str, Any]] | None = None,
+) -> CommStats | None:
+    """Communication per step from step records (exposure) and comm records (split).
+
+    Per-step numbers are the mean across ranks, then the median over steps.
+
+    Args:
+        steps: measured step records.
+        comm: measured comm records.
+        world_size: number of ranks (for the bus-bandwidth factor).
+        meta: rank -> meta.json; rank 0's (or the first) `ddp_logging` is passed through.
+
+    Returns:
+        CommStats, or None when the run has neither comm time nor comm records.
+    """
+    comm_s = _median_of_mean(steps, "comm_s")
+    exposed_s = _median_of_mean(steps, "exposed_comm_s")
+    if comm.empty and not comm_s:
+        return None
+    overlap = 100.0 * (1.0 - exposed_s / comm_s) if comm_s > 0 else None
+    ddp_logging = _ddp_logging(meta or {})
+    if comm.empty:
+        return CommStats(
+            num_collectives_per_step=0.0, bytes_per_step=0.0, comm_s=comm_s, exposed_comm_s=exposed_s,
+            overlap_pct=overlap, transfer_s=None, wait_s=None, busbw_gbps=None, algbw_gbps=None,
+            hooks=(), ddp_logging=ddp_logging,
+        )
+    df = aligned_collectives(comm)
+    df["bytes"] = pd.to_numeric(df["bytes"], errors="coerce").fillna(0.0)
+    df["wire_bytes"] = pd.to_numeric(df["wire_bytes"], errors="coerce").fillna(df["bytes"])
+    per_rank_step = df.groupby(["rank", "step"]).agg(
+        n=("seq", "size"), bytes=("bytes", "sum"), wire=("wire_bytes", "sum"), wait=("wait_s", "sum")
+    )
+    per_step = per_rank_step.groupby("step").mean()
+    # One row per collective (not per rank) for the transfer part and bandwidths.
+    coll = df.groupby(["step", "seq"]).agg(
+        transfer_s=("transfer_s", "first"), wire=("wire_bytes", "median"), collective=("collective", "first")
+    )
+    coll["bus_bytes"] = [w * bus_factor(c, world_size) for w, c in zip(coll["wire"], coll["collective"])]
+    transfer_per_step = coll.groupby("step")["transfer_s"].sum()
+    total_transfer = float(coll["transfer_s"].sum())
+    algbw = float(coll["wire"].sum()) / total_transfer / 1e9 if total_transfer > 0 else None
+    busbw = float(coll["bus_bytes"].sum()) / total_transfer / 1e9 if total_transfer > 0 else None
+    wait_by_rank = per_rank_step.groupby("rank")["wait"].median()
+    return CommStats(
+        num_collectives_per_step=float(per_step["n"].median()),
+        bytes_per_step=float(per_step["bytes"].median()),
+        comm_s=comm_s,
+        exposed_comm_s=exposed_s,
+        overlap_pct=overlap,
+        transfer_s=float(transfer_per_step.median()),
+        wait_s=float(per_step["wait"].median()),
+        busbw_gbps=busbw,
+        algbw_gbps=algbw,
+        hooks=tuple(sorted(str(h) for h in df["hook"].dropna().unique())),
+        ddp_logging=ddp_logging,
+        wire_bytes_per_step=float(per_step["wire"].median()),
+        wait_by_rank_s={int(r): float(v) for r, v in wait_by_rank.items()},
+    )
+
+
+def _median_of_mean(steps: pd.DataFrame, col: str) -> float:
+    if steps.empty:
+        return 0.0
+    values = pd.to_numeric(steps[col], errors="coerce").fillna(0.0)
+    return float(values.groupby(steps["step"]).mean().median())
+
+
+def _ddp_logging(meta: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    for rank in sorted(meta):
+        data = meta[rank].get("ddp_logging")
+        if isinstance(data, dict) and data:
+            return dict(data)
+    return None

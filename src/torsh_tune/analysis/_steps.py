@@ -1,0 +1,103 @@
+"""Step statistics and the per-phase breakdown of a step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ._types import PHASES, Breakdown, StepStats
+
+__all__ = ["breakdown", "measured", "phase_frame", "step_stats"]
+
+
+def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """The steps and collectives outside warm-up, and warnings about the choice.
+
+    When every step is a warm-up step (a short or crashed run) all of them are used, with
+    a warning, so that a short run still gets numbers.
+    """
+    warnings: list[str] = []
+    if steps.empty:
+        return steps, comm, warnings
+    warm = steps["warmup"].fillna(False).astype(bool)
+    if warm.all():
+        warnings.append(f"all {len(steps)} step records are warm-up steps; statistics include warm-up")
+        kept = steps
+    else:
+        kept = steps[~warm]
+    keys = set(zip(kept["rank"], kept["step"]))
+    if not comm.empty:
+        mask = [k in keys for k in zip(comm["rank"], comm["step"])]
+        comm = comm[mask]
+    return kept.reset_index(drop=True), comm.reset_index(drop=True), warnings
+
+
+def step_stats(steps: pd.DataFrame) -> StepStats | None:
+    """Statistics of the global step time: the slowest rank's step_s at each step.
+
+    Args:
+        steps: measured step records (see `measured`).
+
+    Returns:
+        StepStats, or None without step records.
+
+    Example:
+        >>> step_stats(frames.steps).median_step_s  # doctest: +SKIP
+    """
+    if steps.empty:
+        return None
+    by_step = steps.groupby("step")
+    global_s = by_step["step_s"].max().astype(float)
+    samples = by_step["samples"].sum().astype(float)
+    q25, q75, p90 = np.quantile(global_s, [0.25, 0.75, 0.9])
+    median_s = float(global_s.median())
+    samples_per_step = float(samples.median())
+    return StepStats(
+        num_steps=int(len(global_s)),
+        median_step_s=median_s,
+        p90_step_s=float(p90),
+        mean_step_s=float(global_s.mean()),
+        std_step_s=float(global_s.std(ddof=0)),
+        iqr_step_s=float(q75 - q25),
+        samples_per_step=samples_per_step,
+        throughput_samples_s=samples_per_step / median_s if median_s > 0 else 0.0,
+    )
+
+
+def phase_frame(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per record: rank, step, step_s and the PHASES columns (seconds), summing to step_s."""
+    f = steps[["rank", "step"]].copy()
+    num = {c: pd.to_numeric(steps[c], errors="coerce").fillna(0.0).astype(float) for c in
+           ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s")}
+    f["step_s"] = num["step_s"]
+    f["data"] = num["data_s"]
+    f["forward"] = num["forward_s"]
+    # backward_s includes the communication DDP waits for; only the rest is compute.
+    f["backward_compute"] = (num["backward_s"] - num["exposed_comm_s"]).clip(lower=0.0)
+    f["exposed_comm"] = num["exposed_comm_s"]
+    f["optimizer"] = num["optimizer_s"]
+    known = f[["data", "forward", "backward_compute", "exposed_comm", "optimizer"]].sum(axis=1)
+    f["other"] = (f["step_s"] - known).clip(lower=0.0)
+    return f
+
+
+def breakdown(steps: pd.DataFrame) -> Breakdown | None:
+    """Median over steps of the per-step mean across ranks of each phase.
+
+    Percentages are of the median (over steps) of the per-step mean step_s, the same
+    aggregation as the phases, so they are comparable.
+
+    Args:
+        steps: measured step records.
+
+    Returns:
+        Breakdown with keys in PHASES order, or None without step records.
+    """
+    if steps.empty:
+        return None
+    per_step = phase_frame(steps).groupby("step")[["step_s", *PHASES]].mean()
+    medians = per_step.median()
+    step_s = float(medians["step_s"])
+    phases_s = {p: float(medians[p]) for p in PHASES}
+    phases_pct = {p: (100.0 * v / step_s if step_s > 0 else 0.0) for p, v in phases_s.items()}
+    return Breakdown(phases_s=phases_s, phases_pct=phases_pct, step_s=step_s)

@@ -1,0 +1,173 @@
+"""The analysis result contract: what `analyze_run` returns and `reports`/`dashboard` draw.
+
+Every type is a frozen, keyword-only dataclass of plain values (numbers, strings, tuples,
+dicts), so `dataclasses.asdict(analysis)` is JSON-serialisable. Percentages are of the
+median step time unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CATEGORIES",
+    "EFFORTS",
+    "PHASES",
+    "SEVERITIES",
+    "Bottleneck",
+    "Breakdown",
+    "CommStats",
+    "GainRange",
+    "MemoryStats",
+    "Recommendation",
+    "RunAnalysis",
+    "StepStats",
+    "StragglerStats",
+    "SystemStats",
+]
+
+#: Bottleneck categories, in the order reports list them.
+CATEGORIES = (
+    "communication",
+    "memory",
+    "computation",
+    "io",
+    "network",
+    "straggler",
+    "pipeline_bubble",
+)
+#: Severities, most severe first (the sort order of `RunAnalysis.bottlenecks`).
+SEVERITIES = ("critical", "high", "medium", "low")
+#: Effort levels of a recommendation: low (< 1 h), medium (1-8 h), high (> 8 h).
+EFFORTS = ("low", "medium", "high")
+#: Step phases of `Breakdown`, in display order; they sum to the step time.
+PHASES = ("data", "forward", "backward_compute", "exposed_comm", "optimizer", "other")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GainRange:
+    """Expected saving of a change, as % of the median step time."""
+
+    low_pct: float
+    high_pct: float
+    basis: str  # the measured quantity that bounds it, in words
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bottleneck:
+    """One diagnosed problem with the measurements that show it."""
+
+    category: str  # one of CATEGORIES
+    severity: str  # one of SEVERITIES
+    ranks: tuple[int, ...]  # ranks involved (all ranks when the problem is global)
+    evidence: dict[str, Any]  # measured values, units in keys (e.g. "exposed_comm_pct")
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """A concrete action for a bottleneck, with the gain this run's numbers allow."""
+
+    priority: int  # 1 = do first
+    category: str  # category of the bottleneck it addresses
+    title: str
+    rationale: str
+    config_patch: dict[str, Any]  # accepted by RunConfig().apply_patch; {} when no knob fits
+    expected_gain: GainRange
+    effort: str  # one of EFFORTS
+    verified_by: tuple[int, ...] = ()  # autotuner trial numbers that confirmed it
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepStats:
+    """Global step time (max over ranks per step) over the measured steps."""
+
+    num_steps: int
+    median_step_s: float
+    p90_step_s: float
+    mean_step_s: float
+    std_step_s: float
+    iqr_step_s: float
+    samples_per_step: float  # global (all ranks)
+    throughput_samples_s: float  # global, samples_per_step / median_step_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Breakdown:
+    """Where a step's time goes: median over steps of the per-step mean across ranks."""
+
+    phases_s: dict[str, float]  # keys in PHASES order
+    phases_pct: dict[str, float]  # % of step_s, same keys
+    step_s: float = 0.0  # median over steps of the mean step_s across ranks (base of phases_pct)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommStats:
+    """Communication per step, its overlap with compute and its wait/transfer split."""
+
+    num_collectives_per_step: float  # per rank
+    bytes_per_step: float  # per rank, payload before compression
+    comm_s: float  # median per step, mean across ranks
+    exposed_comm_s: float
+    overlap_pct: float | None  # 100 * (1 - exposed / comm); None without communication
+    transfer_s: float | None  # per step: sum over collectives of the min duration across ranks
+    wait_s: float | None  # per step, mean across ranks: own duration - transfer (skew + contention)
+    busbw_gbps: float | None  # nccl-tests bus bandwidth over the transfer part
+    algbw_gbps: float | None  # bytes / transfer
+    hooks: tuple[str, ...]  # comm hooks seen
+    ddp_logging: dict[str, Any] | None  # DDP's own logging data (times in ns), rank 0
+    wire_bytes_per_step: float | None = None  # per rank, after compression
+    wait_by_rank_s: dict[int, float] = field(default_factory=dict)  # median per step
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerStats:
+    """Per-rank speed and lateness at the collectives."""
+
+    per_rank: tuple[dict[str, Any], ...]  # rank, median_step_s, median_compute_s, lateness_s, last_count
+    slowest_rank: int | None
+    last_share_pct: float | None  # % of aligned collectives/steps where slowest_rank was last
+    lateness_pct: float | None  # slowest rank's excess lateness (or compute) as % of median step
+    basis: str = "comm"  # "comm" (arrival at collectives) or "compute" (no comm records)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryStats:
+    """Peak memory per rank against what the device (or the shared host) holds."""
+
+    device: str  # "cuda" or "cpu"
+    peak_bytes_by_rank: dict[int, int]
+    capacity_bytes: int | None
+    peak_pct: float | None  # worst rank on GPU; summed ranks' RSS on a shared host
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemStats:
+    """Means of the system sampler's records over the run."""
+
+    cpu_pct_mean: float | None  # per process, % of one core
+    sys_cpu_pct_mean: float | None  # whole machine, % of all cores
+    gpu_util_pct_mean: float | None
+    gpu_power_w_mean: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunAnalysis:
+    """Everything `analyze_run` learned about one run directory."""
+
+    run_dir: str
+    name: str
+    info: dict[str, Any]  # run.json contents, {} if absent
+    world_size: int
+    status: str  # run.json outcome status, "unknown" if absent
+    partial: bool  # a rank did not end ok/budget, or the run did not end ok
+    warnings: tuple[str, ...]
+    steps: StepStats | None
+    breakdown: Breakdown | None
+    comm: CommStats | None
+    stragglers: StragglerStats | None
+    memory: MemoryStats | None
+    system: SystemStats | None
+    bottlenecks: tuple[Bottleneck, ...]  # severity order
+    recommendations: tuple[Recommendation, ...]  # priority order

@@ -1,0 +1,357 @@
+"""How a run ended: `RunOutcome` and the classification of a finished torchrun.
+
+Evidence, strongest first: the supervisor's own decision to stop the run (timeout, hang,
+interrupt); the ranks' `exit.json` records (written by the runtime); torchrun's failure
+summary ("Root Cause (first observed failure)") in logs/launcher.log, which names the
+global rank and its exit code or signal; torchrun's return code; the rank logs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal as _signal
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..rundir import RunDir
+
+__all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "parse_torchrun_failures"]
+
+#: Every status a run can end with.
+RUN_STATUSES = (
+    "ok",
+    "config_error",
+    "script_error",
+    "signal",
+    "timeout",
+    "hang",
+    "interrupted",
+    "launch_error",
+)
+
+_TAIL_LINES = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """How one launched run ended.
+
+    Attributes:
+        status: One of `RUN_STATUSES`.
+        returncode: torchrun's (or the launcher template's) exit status; None if it never started.
+        failing_rank: Global rank that failed first, when one did.
+        message: One line for the user, e.g. "ValueError: boom" or "rank 1 was killed by SIGKILL".
+        stderr_tail: Last lines of the failing rank's log (or of launcher.log).
+        duration_s: Wall time from launch to the end of supervision.
+        signal: Name of the signal that killed the failing rank (e.g. "SIGKILL"), if any.
+        ranks: Global rank -> how that rank ended: an exit.json status (ok, budget, error,
+            config_error), or "signal", "terminated" (stopped by torchrun after another
+            rank failed), "stopped" (stopped by the supervisor), "unknown".
+    """
+
+    status: str
+    returncode: int | None
+    failing_rank: int | None = None
+    message: str = ""
+    stderr_tail: tuple[str, ...] = ()
+    duration_s: float = 0.0
+    signal: str | None = None
+    ranks: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert self.status in RUN_STATUSES, self.status
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (rank keys become strings in JSON, as any JSON object key does)."""
+        d = asdict(self)
+        d["stderr_tail"] = list(self.stderr_tail)
+        d["ranks"] = {str(k): v for k, v in sorted(self.ranks.items())}
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class TorchrunFailure:
+    """One entry of torchrun's ChildFailedError summary."""
+
+    rank: int
+    exitcode: int
+    root_cause: bool
+    time: str = ""
+
+    @property
+    def signal(self) -> str | None:
+        return _signal_name(-self.exitcode) if self.exitcode < 0 else None
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_TIME_RE = re.compile(r"^\s*time\s*:\s*(\S+)")
+_ENTRY_RE = re.compile(r"^\[\d+\]:\s*$")
+
+
+def parse_torchrun_failures(text: str) -> list[TorchrunFailure]:
+    """Parse the failure summaries torchrun prints when workers fail (one per node)."""
+    failures: list[TorchrunFailure] = []
+    section: str | None = None  # "failures" | "root"
+    entry: dict[str, Any] | None = None
+
+    def flush() -> None:
+        nonlocal entry
+        if entry is not None and "rank" in entry and "exitcode" in entry:
+            failures.append(
+                TorchrunFailure(
+                    rank=entry["rank"],
+                    exitcode=entry["exitcode"],
+                    root_cause=section == "root",
+                    time=entry.get("time", ""),
+                )
+            )
+        entry = None
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped == "Failures:":
+            flush()
+            section = "failures"
+        elif stripped.startswith("Root Cause"):
+            flush()
+            section = "root"
+        elif stripped.startswith("====="):
+            flush()
+            section = None
+        elif section is None:
+            continue
+        elif _ENTRY_RE.match(stripped) or stripped.startswith("-----"):
+            flush()
+            entry = {} if _ENTRY_RE.match(stripped) else None
+        elif entry is not None:
+            for key, rx in (("rank", _RANK_RE), ("exitcode", _EXIT_RE), ("time", _TIME_RE)):
+                m = rx.match(line)
+                if m:
+                    entry[key] = m.group(1) if key == "time" else int(m.group(1))
+    flush()
+    return failures
+
+
+def read_exit_records(run_dir: RunDir) -> dict[int, dict[str, Any]]:
+    """Every rank's exit.json that exists and parses (a killed rank writes none)."""
+    out: dict[int, dict[str, Any]] = {}
+    for rank in run_dir.rank_ids():
+        path = run_dir.rank_file(rank, "exit")
+        try:
+            rec = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict):
+            out[rank] = rec
+    return out
+
+
+def _tail(path: Any, n: int = _TAIL_LINES) -> tuple[str, ...]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ()
+    return tuple(lines[-n:])
+
+
+def _last_exception_line(lines: list[str] | tuple[str, ...]) -> str:
+    """The "Type: message" line closing the last Python traceback in a log, or ""."""
+    start = None
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            start = i
+    if start is None:
+        return ""
+    candidate = ""
+    for line in lines[start + 1 :]:
+        if line and not line.startswith((" ", "\t")):
+            candidate = line
+            if not line.startswith(("During handling", "The above exception")):
+                # The first unindented line after the frames is the exception; a chained
+                # traceback restarts the search at its own "Traceback" header.
+                break
+    return candidate.strip()
+
+
+def _error_message(rec: dict[str, Any]) -> str:
+    etype, msg = rec.get("error_type") or "", rec.get("message") or ""
+    return f"{etype}: {msg}" if etype and msg else (etype or msg)
+
+
+def classify_run(
+    run_dir: RunDir,
+    *,
+    world_size: int,
+    returncode: int | None,
+    duration_s: float,
+    stopped: str | None = None,
+    stop_message: str = "",
+    launch_failure: str | None = None,
+    saw_rank_output: bool = True,
+) -> RunOutcome:
+    """Classify a finished run from the evidence left in its run directory.
+
+    Args:
+        run_dir: The run directory (exit records, logs/launcher.log, logs/rank*.log).
+        world_size: Expected number of ranks (all are listed in `ranks`).
+        returncode: torchrun's exit status, None if it never started.
+        duration_s: Wall time of the run.
+        stopped: "timeout", "hang" or "interrupted" when the supervisor stopped the run.
+        stop_message: Why it was stopped, for the user.
+        launch_failure: Why the process could not be started (e.g. executable not found).
+        saw_rank_output: Whether any rank printed anything (distinguishes a launcher that
+            failed before starting workers from workers that failed silently).
+    """
+    launcher_log = run_dir.logs / "launcher.log"
+    common = {"returncode": returncode, "duration_s": duration_s}
+    if launch_failure is not None:
+        return RunOutcome(status="launch_error", message=launch_failure, ranks={}, **common)
+
+    exits = read_exit_records(run_dir)
+    try:
+        launcher_text = launcher_log.read_text(errors="replace")
+    except FileNotFoundError:
+        launcher_text = ""
+    failures = parse_torchrun_failures(launcher_text)
+    by_rank = {f.rank: f for f in failures}
+    roots = [f for f in failures if f.root_cause]
+    root = min(roots, key=lambda f: f.time) if roots else None
+
+    ranks: dict[int, str] = {}
+    for r in sorted(set(range(world_size)) | set(exits) | set(by_rank)):
+        if r in exits and exits[r].get("status"):
+            ranks[r] = str(exits[r]["status"])
+        elif r in by_rank:
+            f = by_rank[r]
+            if f.exitcode < 0:
+                ranks[r] = "signal" if f.root_cause or f.signal != "SIGTERM" else "terminated"
+            else:
+                ranks[r] = "error"
+        elif stopped is not None:
+            ranks[r] = "stopped"
+        elif returncode == 0:
+            ranks[r] = "ok"
+        else:
+            ranks[r] = "unknown"
+
+    if stopped is not None:
+        return RunOutcome(status=stopped, message=stop_message, ranks=ranks, **common)
+
+    # A rank that rejected the configuration explains everything that followed.
+    config_errors = sorted(
+        (r for r, rec in exits.items() if rec.get("status") == "config_error"),
+        key=lambda r: (exits[r].get("t_exit") or 0.0, r),
+    )
+    if config_errors:
+        r = config_errors[0]
+        return RunOutcome(
+            status="config_error",
+            failing_rank=r,
+            message=str(exits[r].get("message") or _error_message(exits[r])),
+            stderr_tail=_tail(run_dir.rank_log(r)),
+            ranks=ranks,
+            **common,
+        )
+
+    # A signal at the root cause comes before "error" records: peers of a killed rank
+    # typically fail in their next collective and record that secondary error.
+    if root is not None and root.exitcode < 0:
+        return RunOutcome(
+            status="signal",
+            failing_rank=root.rank,
+            signal=root.signal,
+            message=f"rank {root.rank} was killed by {root.signal}",
+            stderr_tail=_tail(run_dir.rank_log(root.rank)),
+            ranks=ranks,
+            **common,
+        )
+
+    errors = sorted(
+        (r for r, rec in exits.items() if rec.get("status") == "error"),
+        key=lambda r: (exits[r].get("t_exit") or 0.0, r),
+    )
+    if errors:
+        r = errors[0]
+        return RunOutcome(
+            status="script_error",
+            failing_rank=r,
+            message=_error_message(exits[r]) or f"rank {r} failed",
+            stderr_tail=_tail(run_dir.rank_log(r)),
+            ranks=ranks,
+            **common,
+        )
+
+    if returncode == 0:
+        return RunOutcome(status="ok", ranks=ranks, **common)
+
+    if root is not None:
+        tail = _tail(run_dir.rank_log(root.rank))
+        exc = _last_exception_line(tail) or _last_exception_line(
+            run_dir.rank_log(root.rank).read_text(errors="replace").splitlines()
+            if run_dir.rank_log(root.rank).exists()
+            else []
+        )
+        return RunOutcome(
+            status="script_error",
+            failing_rank=root.rank,
+            message=exc or f"rank {root.rank} exited with status {root.exitcode}",
+            stderr_tail=tail,
+            ranks=ranks,
+            **common,
+        )
+
+    # Some ranks recorded a clean exit but others recorded nothing: those were killed
+    # (a rank killed by a signal writes no exit record) without torchrun saying how.
+    missing = [r for r in range(world_size) if r not in exits]
+    if exits and missing:
+        r = missing[0]
+        return RunOutcome(
+            status="signal",
+            failing_rank=r,
+            message=f"rank {r} ended without an exit record (killed?)",
+            stderr_tail=_tail(run_dir.rank_log(r)),
+            ranks=ranks,
+            **common,
+        )
+
+    launcher_tail = _tail(launcher_log)
+    if returncode is not None and returncode < 0:
+        name = _signal_name(-returncode)
+        return RunOutcome(
+            status="signal",
+            signal=name,
+            message=f"the launcher was killed by {name}",
+            stderr_tail=launcher_tail,
+            ranks=ranks,
+            **common,
+        )
+    if not saw_rank_output and not exits:
+        last = next((line for line in reversed(launcher_tail) if line.strip()), "")
+        return RunOutcome(
+            status="launch_error",
+            message=f"torchrun exited with status {returncode} before starting the script"
+            + (f": {last.strip()}" if last else ""),
+            stderr_tail=launcher_tail,
+            ranks=ranks,
+            **common,
+        )
+    return RunOutcome(
+        status="script_error",
+        message=f"torchrun exited with status {returncode}",
+        stderr_tail=launcher_tail,
+        ranks=ranks,
+        **common,
+    )

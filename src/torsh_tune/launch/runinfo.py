@@ -1,0 +1,131 @@
+"""run.json: what was run, where, with which versions, and how it ended.
+
+Written when the run starts (status "running") and rewritten when it ends, always
+atomically (temporary file + os.replace) so readers never see half a document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..config import RunConfig
+from ..rundir import RunDir
+from .outcome import RunOutcome
+
+__all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "read_run_info", "start_run_info", "write_json_atomic"]
+
+RUN_INFO_SCHEMA_VERSION = 1
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to `path` through a temporary file in the same directory."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_run_info(run_dir: RunDir) -> dict[str, Any]:
+    """The contents of run.json, or {} when it does not exist."""
+    try:
+        return json.loads(run_dir.run_json.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def _version(dist: str) -> str | None:
+    # importlib.metadata, not `import torch`: launch must not import torch (seconds, GBs).
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat()
+
+
+def start_run_info(
+    run_dir: RunDir,
+    *,
+    config: RunConfig,
+    script: Path,
+    script_args: Sequence[str],
+    command: Sequence[str],
+    run_id: str,
+    argv: Sequence[str] | None = None,
+    started_at: float | None = None,
+) -> dict[str, Any]:
+    """Write run.json for a run that is starting and return its contents.
+
+    Args:
+        run_dir: The run directory.
+        config: The run's configuration (stored whole under "config").
+        script: The user's script (stored as an absolute path).
+        script_args: The script's own arguments.
+        command: The exact command the supervisor starts.
+        run_id: The TORSH_TUNE_RUN_ID marker of this launch.
+        argv: torsh-tune's own command line, when launched from the CLI.
+        started_at: Unix time of the start (default: now).
+    """
+    t = time.time() if started_at is None else started_at
+    info: dict[str, Any] = {
+        "schema_version": RUN_INFO_SCHEMA_VERSION,
+        "name": run_dir.name,
+        "run_id": run_id,
+        "script": str(Path(script).resolve()),
+        "script_args": list(script_args),
+        "argv": None if argv is None else list(argv),
+        "command": list(command),
+        "versions": {
+            "torsh_tune": _version("torsh-tune"),
+            "torch": _version("torch"),
+            "python": platform.python_version(),
+        },
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python_executable": sys.executable,
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": psutil.virtual_memory().total,
+        "started_at": _iso(t),
+        "started_at_unix": t,
+        "finished_at": None,
+        "finished_at_unix": None,
+        "duration_s": None,
+        "status": "running",
+        "world_size": config.world_size,
+        "nnodes": config.launch.nnodes,
+        "nproc_per_node": config.launch.nproc_per_node,
+        "config": config.to_dict(),
+        "outcome": None,
+    }
+    write_json_atomic(run_dir.run_json, info)
+    return info
+
+
+def finish_run_info(run_dir: RunDir, outcome: RunOutcome, *, finished_at: float | None = None) -> dict[str, Any]:
+    """Record how the run ended in run.json (keeping what the start wrote) and return it."""
+    t = time.time() if finished_at is None else finished_at
+    info = read_run_info(run_dir)
+    info.update(
+        {
+            "finished_at": _iso(t),
+            "finished_at_unix": t,
+            "duration_s": outcome.duration_s,
+            "status": outcome.status,
+            "outcome": outcome.to_dict(),
+        }
+    )
+    write_json_atomic(run_dir.run_json, info)
+    return info

@@ -1,0 +1,150 @@
+"""Per-rank runtime state: the parsed config, the tracker, the writer and the sampler."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from ..config import RunConfig
+from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device, write_json_atomic
+from ..rundir import RunDir
+from .patches import _batch_size
+
+__all__ = ["RankRuntime"]
+
+
+class RankRuntime:
+    """Everything one rank's instrumentation needs, created once by the bootstrap."""
+
+    def __init__(self, config: RunConfig, run_dir: RunDir | None) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.cuda = torch.cuda.is_available()
+        self.steps_done = 0
+        budget = config.budget
+        self.budget_total = None if budget.steps is None else budget.warmup_steps + budget.steps
+        enabled = config.profiler.enabled and run_dir is not None
+        self.writer = (
+            RecordWriter(run_dir, self.rank, flush_interval_s=config.profiler.flush_interval_s) if enabled else None
+        )
+        self.tracker = StepTracker(
+            rank=self.rank,
+            writer=self.writer,
+            warmup_steps=budget.warmup_steps,
+            loss_every=config.profiler.loss_every,
+            peak_memory=self._cuda_peak if self.cuda else None,
+        )
+        self.ddp_models: list[Any] = []
+        self.meta: dict[str, Any] = {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": "cuda" if self.cuda else "cpu",
+            "torch_version": torch.__version__,
+            "num_threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "t_start": now(),
+            "notes": [],
+        }
+        self.sampler: SystemSampler | None = None
+        self._fwd_t0 = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        if self.writer is None:
+            return
+        handle = None
+        if self.cuda:
+            torch.cuda.set_device(self.local_rank % max(1, torch.cuda.device_count()))
+            handle, reason = open_nvml_device(torch.cuda.current_device())
+            self.meta["nvml"] = reason or "ok"
+            self.meta["gpu_name"] = torch.cuda.get_device_name()
+        writer = self.writer
+        self.sampler = SystemSampler(
+            self.rank, lambda r: writer.write("system", r), interval_s=self.config.profiler.system_interval_s, nvml_handle=handle
+        )
+        self.sampler.start()
+        self.save_meta()
+
+    def finish(self, status: str, *, error: BaseException | None = None, tb: str | None = None) -> None:
+        """Write the final meta and exit records; safe to call on any path out of the script."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.writer is None:
+            return
+        try:
+            self.tracker.flush_comm()
+        except Exception as exc:  # device events may be unusable after an error
+            self.note(f"pending collectives not written: {exc}")
+        for i, model in enumerate(self.ddp_models):
+            try:
+                data = model._get_ddp_logging_data()
+            except Exception as exc:
+                self.note(f"DDP logging data unavailable: {exc}")
+                continue
+            key = "ddp_logging" if i == 0 else f"ddp_logging_{i}"
+            self.meta[key] = {k: v for k, v in data.items() if isinstance(v, (int, float, str))}
+        self.meta["t_end"] = now()
+        self.save_meta()
+        write_json_atomic(
+            self.run_dir.rank_file(self.rank, "exit"),
+            {
+                "rank": self.rank,
+                "status": status,
+                "error_type": None if error is None else type(error).__name__,
+                "message": None if error is None else str(error),
+                "traceback": tb,
+                "t_exit": time.time(),
+                "steps_done": self.steps_done,
+            },
+        )
+        self.writer.close()
+
+    # -- facts ------------------------------------------------------------------------
+    def note(self, message: str) -> None:
+        self.meta["notes"].append(message)
+
+    def save_meta(self) -> None:
+        if self.writer is not None:
+            write_json_atomic(self.run_dir.rank_file(self.rank, "meta"), self.meta)
+
+    def on_ddp_created(self, model: Any, applied: dict[str, Any]) -> None:
+        self.ddp_models.append(model)
+        params = [p for p in model.module.parameters() if p.requires_grad]
+        info = {
+            "bucket_cap_mb": model._bucket_config.bucket_bytes_cap / 2**20,
+            "first_bucket_cap_mb": model._bucket_config.first_bucket_bytes_cap / 2**20,
+            "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
+            "static_graph": bool(model.static_graph),
+            "find_unused_parameters": bool(model.find_unused_parameters),
+            "broadcast_buffers": bool(model.broadcast_buffers),
+            "num_params": sum(p.numel() for p in params),
+            "num_param_tensors": len(params),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "comm_hook": "allreduce",
+            "applied_from_config": applied,
+            "module": type(model.module).__name__,
+        }
+        self.meta.setdefault("ddp_models", []).append(info)
+        self.meta["ddp"] = self.meta["ddp_models"][0]
+        self.save_meta()
+
+    # -- forward hooks (hot path) ------------------------------------------------------
+    def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        self._fwd_t0 = now()
+
+    def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        self.tracker.on_forward(self._fwd_t0, now(), _batch_size(args) if args else 0)
+
+    @staticmethod
+    def _cuda_peak() -> int:
+        return int(torch.cuda.max_memory_allocated())

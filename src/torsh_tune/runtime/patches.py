@@ -1,0 +1,250 @@
+"""Zero-code instrumentation: patches installed into torch before the user's script runs.
+
+Each patch is installed once per process by `install(rt)` and records into the rank's
+`StepTracker`; none of them changes what the script computes, except where the run's
+StrategyConfig explicitly asks for it (DDP knobs, DataLoader overrides, backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from ..errors import invalid
+from ..profiler import TimedCommHook, default_allreduce, now
+from .budget import StepBudgetReached
+
+if TYPE_CHECKING:
+    from .context import RankRuntime
+
+__all__ = ["install"]
+
+
+def install(rt: "RankRuntime") -> None:
+    """Install every patch for this rank (idempotent)."""
+    if getattr(torch, "_torsh_tune_patched", False):
+        return
+    torch._torsh_tune_patched = True  # type: ignore[attr-defined]
+    _patch_init_process_group(rt)
+    _patch_ddp(rt)
+    _patch_dataloader(rt)
+    _patch_backward(rt)
+    _install_optimizer_hooks(rt)
+
+
+# -- process group ----------------------------------------------------------------------
+def _resolve_backend(requested: Any, configured: str, cuda: bool) -> Any:
+    backend = requested
+    if configured != "auto":
+        backend = configured
+    elif backend is None or backend == "auto" or backend == "":
+        backend = "nccl" if cuda else "gloo"
+    if isinstance(backend, str) and backend.lower() == "nccl" and not cuda:
+        raise invalid("process-group backend", "gloo when CUDA is not available (nccl needs a GPU)", backend)
+    return backend
+
+
+def _patch_init_process_group(rt: "RankRuntime") -> None:
+    original = c10d.init_process_group
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            requested, args = args[0], args[1:]
+        else:
+            requested = kwargs.pop("backend", None)
+        backend = _resolve_backend(requested, rt.config.launch.backend, rt.cuda)
+        result = original(backend, *args, **kwargs)
+        rt.meta["backend"] = str(dist.get_backend())
+        rt.meta["backend_requested"] = None if requested is None else str(requested)
+        rt.save_meta()
+        return result
+
+    c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+
+
+# -- DistributedDataParallel -------------------------------------------------------------
+_DDP_KWARGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
+
+
+def _ddp_overrides(rt: "RankRuntime", module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    ddp_cfg = rt.config.strategy.ddp
+    applied: dict[str, Any] = {}
+    for name in _DDP_KWARGS:
+        value = getattr(ddp_cfg, name)
+        if value is not None:
+            if name in kwargs and kwargs[name] != value:
+                rt.note(f"ddp.{name}: the script's {kwargs[name]!r} replaced by the run's {value!r}")
+            kwargs[name] = value
+            applied[name] = value
+    if ddp_cfg.first_bucket_cap_mb is not None:
+        # torch 2.13 sizes buckets individually through bucket_cap_mb_list: a small first
+        # bucket, then the regular cap for every further bucket (one entry per tensor bounds
+        # the number of buckets).
+        cap = kwargs.get("bucket_cap_mb") or 25.0
+        num = sum(1 for p in module.parameters() if p.requires_grad)
+        kwargs["bucket_cap_mb_list"] = [ddp_cfg.first_bucket_cap_mb] + [cap] * max(1, num)
+        applied["first_bucket_cap_mb"] = ddp_cfg.first_bucket_cap_mb
+    return applied
+
+
+def _patch_ddp(rt: "RankRuntime") -> None:
+    original_init = DistributedDataParallel.__init__
+    original_register = DistributedDataParallel.register_comm_hook
+    original_builtin = DistributedDataParallel._register_builtin_comm_hook
+
+    @functools.wraps(original_init)
+    def __init__(self: DistributedDataParallel, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
+        applied = _ddp_overrides(rt, module, kwargs)
+        original_init(self, module, *args, **kwargs)
+        rt.on_ddp_created(self, applied)
+        if rt.config.profiler.enabled:
+            self._set_ddp_runtime_logging_sample_rate(1)
+            self.register_forward_pre_hook(rt.forward_pre_hook, with_kwargs=True)
+            self.register_forward_hook(rt.forward_post_hook)
+            if rt.config.profiler.comm_hook_timing:
+                timed = TimedCommHook(
+                    rt.tracker, inner=default_allreduce, inner_state=self.process_group, name="allreduce", cuda=rt.cuda
+                )
+                original_register(self, None, timed)
+                self._torsh_timed_hook = timed
+
+    @functools.wraps(original_register)
+    def register_comm_hook(self: DistributedDataParallel, state: object, hook: Any) -> None:
+        timed = getattr(self, "_torsh_timed_hook", None)
+        if timed is None:
+            return original_register(self, state, hook)
+        self._check_comm_hook(hook)
+        name = getattr(hook, "__qualname__", type(hook).__name__)
+        timed.set_inner(hook, state, name)
+        self.logger._set_comm_hook_name(name)
+        rt.meta.setdefault("ddp", {})["comm_hook"] = name
+        rt.save_meta()
+
+    @functools.wraps(original_builtin)
+    def _register_builtin_comm_hook(self: DistributedDataParallel, comm_hook_type: Any) -> None:
+        timed = getattr(self, "_torsh_timed_hook", None)
+        if timed is None:
+            return original_builtin(self, comm_hook_type)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        if comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
+            register_comm_hook(self, self.process_group, default_hooks.fp16_compress_hook)
+        else:
+            register_comm_hook(self, self.process_group, default_allreduce)
+
+    DistributedDataParallel.__init__ = __init__
+    DistributedDataParallel.register_comm_hook = register_comm_hook
+    DistributedDataParallel._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+# -- DataLoader --------------------------------------------------------------------------
+def _patch_dataloader(rt: "RankRuntime") -> None:
+    dl_cfg = rt.config.strategy.dataloader
+    overrides = {f.name: getattr(dl_cfg, f.name) for f in dataclasses.fields(dl_cfg) if getattr(dl_cfg, f.name) is not None}
+    if overrides:
+        original_init = DataLoader.__init__
+
+        @functools.wraps(original_init)
+        def __init__(self: DataLoader, *args: Any, **kwargs: Any) -> None:
+            if len(args) > 5:  # num_workers is the 6th positional parameter after dataset
+                raise invalid("DataLoader arguments", "passed by keyword after batch_sampler when overrides apply", "positional")
+            kwargs.update(overrides)
+            if kwargs.get("num_workers", 0) == 0:
+                kwargs.pop("prefetch_factor", None)
+                kwargs["persistent_workers"] = False
+            rt.meta["dataloader_overrides"] = overrides
+            original_init(self, *args, **kwargs)
+
+        DataLoader.__init__ = __init__
+
+    if not rt.config.profiler.enabled:
+        return
+    original_next = _BaseDataLoaderIter.__next__
+    tracker = rt.tracker
+
+    def __next__(self: _BaseDataLoaderIter) -> Any:
+        t0 = now()
+        batch = original_next(self)
+        tracker.on_data(t0, now(), _batch_size(batch))
+        return batch
+
+    _BaseDataLoaderIter.__next__ = __next__
+
+
+def _batch_size(batch: Any) -> int:
+    """First dimension of the first tensor in a batch (0 when there is none)."""
+    for _ in range(4):
+        if isinstance(batch, torch.Tensor):
+            return int(batch.shape[0]) if batch.dim() else 1
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return 0
+    return 0
+
+
+# -- backward and optimizer ------------------------------------------------------------
+def _patch_backward(rt: "RankRuntime") -> None:
+    if not rt.config.profiler.enabled:
+        return
+    original = torch.autograd.backward
+    tracker = rt.tracker
+
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = now()
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            loss = tensors if isinstance(tensors, torch.Tensor) and tensors.dim() == 0 else None
+            tracker.on_backward(t0, now(), None if loss is None else loss.detach())
+
+    torch.autograd.backward = backward
+
+
+def _install_optimizer_hooks(rt: "RankRuntime") -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    state = {"t0": 0.0, "owner": None}
+    tracker = rt.tracker
+    budget_total = rt.budget_total
+
+    def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        state["t0"] = now()
+
+    def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        t1 = now()
+        tracker.on_optimizer(state["t0"], t1)
+        # With several optimizers, the first one to step marks the step boundary.
+        if state["owner"] is None:
+            state["owner"] = id(optimizer)
+        elif state["owner"] != id(optimizer):
+            return
+        if not rt.config.profiler.enabled:
+            tracker.step += 1
+            done = tracker.step
+        else:
+            done = tracker.end_step(t1)
+        rt.steps_done = done
+        if budget_total is not None and done >= budget_total:
+            raise StepBudgetReached(done)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+
+def warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
