@@ -1,0 +1,269 @@
+"""`torsh-tune` command line.
+
+    torsh-tune [OPTIONS] SCRIPT [SCRIPT ARGS...]           the main job (today: profile)
+    torsh-tune profile [OPTIONS] SCRIPT [SCRIPT ARGS...]   run under the always-on profiler
+    torsh-tune report RUN [--format md|json]              re-analyse a run dir, rewrite its report
+
+Options before the script are torsh-tune's; everything after the script path is the
+script's own (torchrun's convention). User mistakes print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import __version__
+from .config import (
+    BudgetConfig,
+    LaunchConfig,
+    ProfilerConfig,
+    RunConfig,
+    help_of,
+    load_config_file,
+)
+from .errors import ConfigError, TorshTuneError, invalid
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+SUBCOMMANDS = ("profile", "report")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def _number(kind: type, rule: str, ok: Any):
+    """An argparse `type` that reports "must be <rule>, but got <value>"."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule}, but got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, but got {value!r}")
+        return value
+
+    return parse
+
+
+_POSITIVE_INT = _number(int, "an integer >= 1", lambda v: v >= 1)
+_NON_NEGATIVE_INT = _number(int, "an integer >= 0", lambda v: v >= 0)
+_POSITIVE_FLOAT = _number(float, "a number > 0", lambda v: v > 0)
+
+
+def _add_launch_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("launch (torchrun)")
+    g.add_argument("--nproc-per-node", type=_POSITIVE_INT, help=help_of(LaunchConfig, "nproc_per_node"))
+    g.add_argument("--nnodes", type=_POSITIVE_INT, help=help_of(LaunchConfig, "nnodes"))
+    g.add_argument("--node-rank", type=_NON_NEGATIVE_INT, help=help_of(LaunchConfig, "node_rank"))
+    g.add_argument("--rdzv-backend", help=help_of(LaunchConfig, "rdzv_backend"))
+    g.add_argument("--rdzv-endpoint", help=help_of(LaunchConfig, "rdzv_endpoint"))
+    g.add_argument("--rdzv-id", help=help_of(LaunchConfig, "rdzv_id"))
+    g.add_argument("--backend", choices=("auto", "gloo", "nccl"), help=help_of(LaunchConfig, "backend"))
+    g.add_argument("--launcher", metavar="TEMPLATE", help=help_of(LaunchConfig, "launcher"))
+    g.add_argument("--max-restarts", type=_NON_NEGATIVE_INT, help=help_of(LaunchConfig, "max_restarts"))
+    b = p.add_argument_group("budget")
+    b.add_argument("--steps", type=_POSITIVE_INT, help=help_of(BudgetConfig, "steps"))
+    b.add_argument("--warmup-steps", type=_NON_NEGATIVE_INT, help=help_of(BudgetConfig, "warmup_steps"))
+    b.add_argument("--timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help=help_of(BudgetConfig, "timeout_s"))
+    b.add_argument(
+        "--no-progress-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS",
+        help=help_of(BudgetConfig, "no_progress_timeout_s"),
+    )
+    r = p.add_argument_group("profiler and output")
+    r.add_argument("--loss-every", type=_POSITIVE_INT, help=help_of(ProfilerConfig, "loss_every"))
+    r.add_argument("--config", metavar="FILE", help="TOML or JSON RunConfig; flags override it.")
+    r.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
+    r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
+    r.add_argument("--quiet", action="store_true", help="Do not echo the script's output to the terminal.")
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show tracebacks of errors.")
+    p.add_argument("script", help="The training script (what you would pass to torchrun).")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="torsh-tune",
+        description="Profile, diagnose and tune PyTorch distributed training.",
+        epilog="Without a subcommand, `torsh-tune SCRIPT ...` runs the main job; until the autotuner "
+        "lands that is `profile`. Exit status: 0 ok, 1 the run failed, 2 bad input, 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"torsh-tune {__version__}")
+    parser.add_argument("--debug", action="store_true", help="Show tracebacks of errors.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    prof = sub.add_parser("profile", help="Run a script under the always-on profiler and report its bottlenecks.")
+    _add_launch_options(prof)
+    rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report.")
+    rep.add_argument("run", help="A run directory.")
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> RunConfig:
+    config = load_config_file(args.config) if args.config else RunConfig()
+    overrides: dict[str, Any] = {}
+    mapping = {
+        "nproc_per_node": "launch.nproc_per_node",
+        "nnodes": "launch.nnodes",
+        "node_rank": "launch.node_rank",
+        "rdzv_backend": "launch.rdzv_backend",
+        "rdzv_endpoint": "launch.rdzv_endpoint",
+        "rdzv_id": "launch.rdzv_id",
+        "backend": "launch.backend",
+        "launcher": "launch.launcher",
+        "max_restarts": "launch.max_restarts",
+        "steps": "budget.steps",
+        "warmup_steps": "budget.warmup_steps",
+        "timeout": "budget.timeout_s",
+        "no_progress_timeout": "budget.no_progress_timeout_s",
+        "loss_every": "profiler.loss_every",
+    }
+    for attr, dotted in mapping.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides[dotted] = value
+    return config.with_overrides(overrides) if overrides else config
+
+
+def check_script(script: str) -> Path:
+    """The script must exist, be a Python file and compile."""
+    path = Path(script)
+    if not path.is_file():
+        raise invalid("SCRIPT", "an existing Python file", script)
+    if path.suffix != ".py":
+        raise invalid("SCRIPT", "a Python file ending in .py", script)
+    try:
+        source = path.read_bytes()
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        where = f"{path}:{exc.lineno}" if exc.lineno else str(path)
+        raise ConfigError(f"SCRIPT must be valid Python, but got {type(exc).__name__} at {where}: {exc.msg}") from None
+    except ValueError as exc:  # null bytes: not a text file
+        raise invalid("SCRIPT", "a Python source file", f"{script} ({exc})") from None
+    return path.resolve()
+
+
+def _check_backend(config: RunConfig) -> None:
+    if config.launch.backend != "nccl" or config.launch.nnodes > 1 or config.launch.launcher:
+        return  # on other hosts the ranks themselves check
+    import torch
+
+    if not torch.cuda.is_available():
+        raise invalid("--backend", "gloo or auto when CUDA is not available (nccl needs a GPU)", "nccl")
+
+
+def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    config = _config_from_args(args)
+    script = check_script(args.script)
+    _check_backend(config)
+
+    from rich.console import Console
+
+    from .launch import launch_run
+    from .rundir import new_run_dir
+
+    run_dir = new_run_dir(args.runs_dir, script.name, name=args.run_name)
+    console = Console(stderr=False, highlight=False)
+    console.print(f"[bold]torsh-tune[/] profiling [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
+    total = None if config.budget.steps is None else config.budget.steps + config.budget.warmup_steps
+    echo = None if not args.quiet else (lambda line: None)
+    with console.status("starting torchrun …") as status:
+
+        def on_progress(p: Any) -> None:
+            steps = f"{p.steps_done}/{total}" if total else str(p.steps_done)
+            last = f" · last step {p.last_step_s * 1e3:.1f} ms" if p.last_step_s else ""
+            status.update(f"step {steps}{last} · {p.elapsed_s:.0f} s · {p.ranks_reporting} rank(s) reporting")
+
+        def echo_line(line: str) -> None:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+        outcome = launch_run(
+            config, run_dir, script, list(args.script_args), argv=list(argv), echo=echo or echo_line, on_progress=on_progress
+        )
+    return _finish_run(config, run_dir, outcome, console)
+
+
+def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> int:
+    from .analysis import analyze_run, compact_run
+    from .reports import build_report_info, render_summary, write_reports
+
+    if outcome.status == "config_error":
+        print(f"torsh-tune: error: {outcome.message}", file=sys.stderr)
+        return EXIT_USAGE
+    compact_run(run_dir.path)
+    analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
+    paths = write_reports(analysis, run_dir.path)
+    render_summary(build_report_info(analysis), console)
+    for fmt, path in paths.items():
+        console.print(f"report ({fmt}): {path}")
+    if outcome.status == "ok":
+        return EXIT_OK
+    console.print(f"[bold red]run {outcome.status}[/]: {outcome.message}")
+    for line in outcome.stderr_tail[-10:]:
+        console.print(f"  {line}", markup=False, highlight=False)
+    return EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .analysis import analyze_run
+    from .reports import build_report_info, render_summary, write_reports
+    from .rundir import RunDir
+
+    run_dir = RunDir(args.run)
+    if not run_dir.run_json.is_file() and not run_dir.ranks.is_dir():
+        raise invalid("RUN", "a torsh-tune run directory", args.run)
+    config = load_config_file(run_dir.config_json) if run_dir.config_json.is_file() else RunConfig()
+    analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
+    console = Console(highlight=False)
+    paths = write_reports(analysis, run_dir.path)
+    render_summary(build_report_info(analysis), console)
+    for fmt, path in paths.items():
+        console.print(f"report ({fmt}): {path}")
+    return EXIT_OK
+
+
+def _split_default_command(argv: list[str]) -> list[str]:
+    """`torsh-tune [OPTS] SCRIPT ...` without a subcommand means the main job."""
+    for i, token in enumerate(argv):
+        if token in SUBCOMMANDS:
+            return argv
+        if token in ("-h", "--help", "--version"):
+            return argv
+        if not token.startswith("-"):
+            return ["profile"] + argv
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
+    try:
+        parser = build_parser()
+        args = parser.parse_args(_split_default_command(argv))
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        if args.command == "profile":
+            return cmd_profile(args, argv)
+        if args.command == "report":
+            return cmd_report(args)
+        raise AssertionError(args.command)
+    except TorshTuneError as exc:
+        if args is not None and args.debug:
+            raise
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("torsh-tune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The in-rank bootstrap on real 2-rank gloo runs of an unmodified DDP script."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torsh_tune.records import columns_of
+from torsh_tune.rundir import RunDir
+
+from helpers import SCRIPTS, read_jsonl, torchrun_bootstrap
+
+SCRIPT = SCRIPTS / "train_small.py"
+
+
+def _exit(run: RunDir, rank: int) -> dict:
+    return json.loads(run.rank_file(rank, "exit").read_text())
+
+
+def test_budget_stops_every_rank_at_the_same_step_and_records_match_schema(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, config={"budget": {"steps": 8, "warmup_steps": 2}, "profiler": {"loss_every": 5}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        steps = read_jsonl(run.rank_file(rank, "steps"))
+        assert [s["step"] for s in steps] == list(range(10))
+        assert list(steps[0]) == columns_of("steps")
+        assert [s["warmup"] for s in steps] == [True, True] + [False] * 8
+        assert all(s["samples"] == 16 and s["num_microbatches"] == 1 for s in steps)
+        assert [s["step"] for s in steps if s["loss"] is not None] == [0, 5]
+        assert all(s["step_s"] > 0 and s["backward_s"] > 0 and s["forward_s"] > 0 for s in steps)
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        assert list(comm[0]) == columns_of("comm")
+        meta = json.loads(run.rank_file(rank, "meta").read_text())
+        param_bytes = meta["ddp"]["param_bytes"]
+        assert param_bytes == (32 * 64 + 64 + 64 * 4 + 4) * 4
+        per_step = {}
+        for c in comm:
+            per_step[c["step"]] = per_step.get(c["step"], 0) + c["bytes"]
+        assert set(per_step) == set(range(10)) and set(per_step.values()) == {param_bytes}
+        assert meta["backend"] == "gloo"
+        assert "avg_backward_comm_time" in meta["ddp_logging"]
+        ex = _exit(run, rank)
+        assert ex["status"] == "budget" and ex["steps_done"] == 10
+
+
+def test_custom_comm_hook_is_wrapped_and_still_runs(tmp_path):
+    run = RunDir(tmp_path / "run")
+    mark = tmp_path / "hook"
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--custom-hook", "--mark", str(mark), config={"budget": {"steps": 5, "warmup_steps": 0}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        calls = (tmp_path / f"hook.{rank}").read_text().count("x")
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        assert calls == len(comm) == 5
+        assert {c["hook"] for c in comm} == {"counting_allreduce"}
+
+
+def test_no_sync_accumulation_counts_micro_batches(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--accum", "3", config={"budget": {"steps": 4, "warmup_steps": 0}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = read_jsonl(run.rank_file(0, "steps"))
+    assert len(steps) == 4
+    assert all(s["num_microbatches"] == 3 and s["samples"] == 48 for s in steps)
+    comm = read_jsonl(run.rank_file(0, "comm"))
+    assert len(comm) == 4  # one all-reduce per optimizer step: no_sync skipped the others
+
+
+def test_script_without_destroy_and_natural_end(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--steps", "6", "--no-destroy")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "finished 6 steps" in proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert _exit(run, rank)["status"] == "ok"
+        assert len(read_jsonl(run.rank_file(rank, "steps"))) == 6
+
+
+def test_script_exiting_early_is_ok_with_fewer_steps(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--exit-after", "3", config={"budget": {"steps": 50}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        ex = _exit(run, rank)
+        assert ex["status"] == "ok" and ex["steps_done"] == 3
+
+
+def test_nccl_without_cuda_is_one_config_error(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--backend", "nccl")
+    assert proc.returncode != 0
+    ex = _exit(run, 0)
+    assert ex["status"] == "config_error"
+    assert ex["message"] == "process-group backend must be gloo when CUDA is not available (nccl needs a GPU), but got 'nccl'"
+    assert "Traceback" not in "\n".join(l for l in proc.stderr.splitlines() if l.startswith("[rank0]"))
+
+
+def test_failing_rank_writes_error_record(tmp_path):
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--fail-rank", "1", "--fail-step", "2", config={"budget": {"steps": 20}})
+    assert proc.returncode != 0
+    ex = _exit(run, 1)
+    assert ex["status"] == "error" and ex["error_type"] == "RuntimeError"
+    assert "planted failure on rank 1" in ex["message"]
+    assert len(read_jsonl(run.rank_file(1, "steps"))) == 2
+
+
+def test_dataloader_and_ddp_overrides_apply_without_code_change(tmp_path):
+    run = RunDir(tmp_path / "run")
+    config = {"budget": {"steps": 3, "warmup_steps": 0},
+              "strategy": {"ddp": {"bucket_cap_mb": 1.0, "gradient_as_bucket_view": True}, "dataloader": {"num_workers": 1}}}
+    proc = torchrun_bootstrap(run.path, SCRIPT, config=config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads(run.rank_file(0, "meta").read_text())
+    assert meta["ddp"]["bucket_cap_mb"] == pytest.approx(1.0)
+    assert meta["ddp"]["gradient_as_bucket_view"] is True
+    assert meta["dataloader_overrides"] == {"num_workers": 1}
