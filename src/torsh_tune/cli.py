@@ -197,10 +197,8 @@ def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
         return EXIT_USAGE
     compact_run(run_dir.path)
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
-    paths = write_reports(analysis, run_dir.path)
+    write_reports(analysis, run_dir.path)
     render_summary(build_report_info(analysis), console)
-    for fmt, path in paths.items():
-        console.print(f"report ({fmt}): {path}")
     if outcome.status == "ok":
         return EXIT_OK
     console.print(f"[bold red]run {outcome.status}[/]: {outcome.message}")
@@ -222,10 +220,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = load_config_file(run_dir.config_json) if run_dir.config_json.is_file() else RunConfig()
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
     console = Console(highlight=False)
-    paths = write_reports(analysis, run_dir.path)
+    write_reports(analysis, run_dir.path)
     render_summary(build_report_info(analysis), console)
-    for fmt, path in paths.items():
-        console.print(f"report ({fmt}): {path}")
     return EXIT_OK
 
 

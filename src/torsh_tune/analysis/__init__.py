@@ -2,8 +2,21 @@
 
 Pure: pandas, numpy and pyarrow only (never torch), so reports and the CLI can use it on
 any machine.
+
+Example:
+    >>> from torsh_tune.analysis import analyze_run  # doctest: +SKIP
+    >>> a = analyze_run("runs/20250101-120000-train-ab12")  # doctest: +SKIP
+    >>> [(b.category, b.severity) for b in a.bottlenecks]  # doctest: +SKIP
 """
 
+from ._analyze import analyze_run
+from ._bottlenecks import REFERENCE_BUSBW_GBPS, diagnose
+from ._comm import aligned_collectives, bus_factor, comm_stats
+from ._load import RunFrames, compact_run, load_run
+from ._recommend import choose_num_workers, recommend
+from ._resources import data_wait_by_rank, memory_stats, system_stats
+from ._steps import breakdown, measured, phase_frame, step_stats
+from ._stragglers import straggler_stats
 from ._types import (
     CATEGORIES,
     EFFORTS,
@@ -25,6 +38,7 @@ __all__ = [
     "CATEGORIES",
     "EFFORTS",
     "PHASES",
+    "REFERENCE_BUSBW_GBPS",
     "SEVERITIES",
     "Bottleneck",
     "Breakdown",
@@ -33,7 +47,25 @@ __all__ = [
     "MemoryStats",
     "Recommendation",
     "RunAnalysis",
+    "RunFrames",
     "StepStats",
     "StragglerStats",
     "SystemStats",
+    "aligned_collectives",
+    "analyze_run",
+    "breakdown",
+    "bus_factor",
+    "choose_num_workers",
+    "comm_stats",
+    "compact_run",
+    "data_wait_by_rank",
+    "diagnose",
+    "load_run",
+    "measured",
+    "memory_stats",
+    "phase_frame",
+    "recommend",
+    "step_stats",
+    "straggler_stats",
+    "system_stats",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ._types import CommStats
@@ -16,10 +17,10 @@ _RING_1 = {"all_gather", "allgather", "reduce_scatter", "all_to_all", "alltoall"
            "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"}
 
 
-def bus_factor(collective: str, world_size: int) -> float:
+def bus_factor(collective: str | None, world_size: int) -> float:
     """nccl-tests factor turning algorithm bandwidth into bus bandwidth for `collective`."""
     n = max(int(world_size), 1)
-    name = collective.lower()
+    name = str(collective or "").lower()
     if name in _RING_2:
         return 2.0 * (n - 1) / n
     if name in _RING_1:
@@ -36,17 +37,29 @@ def aligned_collectives(comm: pd.DataFrame) -> pd.DataFrame:
     (skew + contention), and `lateness_s` = own t_issue - earliest t_issue; this is the
     split the PyTorch TensorBoard plugin and TraceLens make.
 
+    A hook-timed collective also queues behind the rank's previous collective (the process
+    group runs them in order), which the wire is busy with. `wire_s` = min across ranks of
+    t_complete - max(t_issue, previous t_complete) drops that queueing, and is what the
+    bandwidths are computed from.
+
     Returns:
-        A copy of `comm` with columns transfer_s, wait_s, lateness_s, group_size added.
+        A copy of `comm` with columns transfer_s, wait_s, lateness_s, wire_s, group_size.
     """
     df = comm.copy()
     if df.empty:
-        for col in ("transfer_s", "wait_s", "lateness_s", "group_size"):
+        for col in ("transfer_s", "wait_s", "lateness_s", "wire_s", "group_size"):
             df[col] = pd.Series(dtype=float)
         return df
-    df["duration_s"] = pd.to_numeric(df["duration_s"], errors="coerce").astype(float)
-    df["t_issue"] = pd.to_numeric(df["t_issue"], errors="coerce").astype(float)
+    for col in ("duration_s", "t_issue", "t_complete"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df = df.sort_values(["rank", "seq"], kind="stable")
+    prev_complete = df.groupby("rank")["t_complete"].shift(1)
+    started = np.fmax(df["t_issue"], prev_complete.fillna(-np.inf))
+    service = (df["t_complete"] - started).clip(lower=0.0)
+    df["service_s"] = service.where(df["t_complete"].notna(), df["duration_s"])
     group = df.groupby(["step", "seq"])
+    df["wire_s"] = group["service_s"].transform("min")
+    df = df.drop(columns="service_s")
     df["transfer_s"] = group["duration_s"].transform("min")
     df["wait_s"] = (df["duration_s"] - df["transfer_s"]).clip(lower=0.0)
     df["lateness_s"] = df["t_issue"] - group["t_issue"].transform("min")
@@ -95,13 +108,16 @@ def comm_stats(
     per_step = per_rank_step.groupby("step").mean()
     # One row per collective (not per rank) for the transfer part and bandwidths.
     coll = df.groupby(["step", "seq"]).agg(
-        transfer_s=("transfer_s", "first"), wire=("wire_bytes", "median"), collective=("collective", "first")
+        transfer_s=("transfer_s", "first"), wire_s=("wire_s", "first"),
+        wire=("wire_bytes", "median"), collective=("collective", "first"),
     )
     coll["bus_bytes"] = [w * bus_factor(c, world_size) for w, c in zip(coll["wire"], coll["collective"])]
     transfer_per_step = coll.groupby("step")["transfer_s"].sum()
-    total_transfer = float(coll["transfer_s"].sum())
-    algbw = float(coll["wire"].sum()) / total_transfer / 1e9 if total_transfer > 0 else None
-    busbw = float(coll["bus_bytes"].sum()) / total_transfer / 1e9 if total_transfer > 0 else None
+    wire_per_step = coll.groupby("step")["wire_s"].sum()
+    last_wire = coll.reset_index().sort_values("seq").groupby("step")["wire_s"].last()
+    total_wire = float(coll["wire_s"].sum())
+    algbw = float(coll["wire"].sum()) / total_wire / 1e9 if total_wire > 0 else None
+    busbw = float(coll["bus_bytes"].sum()) / total_wire / 1e9 if total_wire > 0 else None
     wait_by_rank = per_rank_step.groupby("rank")["wait"].median()
     return CommStats(
         num_collectives_per_step=float(per_step["n"].median()),
@@ -117,6 +133,8 @@ def comm_stats(
         ddp_logging=ddp_logging,
         wire_bytes_per_step=float(per_step["wire"].median()),
         wait_by_rank_s={int(r): float(v) for r, v in wait_by_rank.items()},
+        last_transfer_s=float(last_wire.median()),
+        wire_s=float(wire_per_step.median()),
     )
 
 

@@ -6,12 +6,15 @@ missing rank file or an unreadable JSON document becomes a warning in `RunFrames
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -149,7 +152,7 @@ def _load_kind(rd: RunDir, kind: str, ranks: list[int], warnings: list[str]) -> 
         if parquet.stat().st_mtime >= newest_jsonl:
             try:
                 df = pq.read_table(parquet).to_pandas()
-                return _conform(df, kind)
+                return _conform(df, kind, warnings, parquet.name)
             except (OSError, pa.ArrowException) as exc:
                 warnings.append(f"{parquet.name} is unreadable ({exc}); reading the JSONL records")
         else:
@@ -180,21 +183,46 @@ def _read_jsonl(path: Path, kind: str, warnings: list[str]) -> pd.DataFrame:
             warnings.append(f"{path.name}: line {i + 1} is not a JSON object, skipped")
             continue
         rows.append(row)
-    return _conform(pd.DataFrame.from_records(rows), kind)
+    return _conform(pd.DataFrame.from_records(rows), kind, warnings, path.name)
 
 
-def _conform(df: pd.DataFrame, kind: str) -> pd.DataFrame:
-    """Exactly the record's columns, in order (missing ones filled with NA)."""
+def _conform(df: pd.DataFrame, kind: str, warnings: list[str] | None = None, source: str = "") -> pd.DataFrame:
+    """Exactly the record's columns, in order, with the record's types.
+
+    Missing columns are NA; values of the wrong type become NA; rows without a valid
+    rank/step (/seq) cannot be placed and are dropped (with a warning).
+    """
     cols = columns_of(kind)
     df = df.reindex(columns=cols)
-    for col in ("rank", "step", "seq"):
-        if col in df.columns:
-            df[col] = pd.to_numeric(df[col], errors="coerce")
-    key = [c for c in ("rank", "step") if c in cols]
-    df = df.dropna(subset=key)
-    for col in key + (["seq"] if "seq" in cols else []):
+    for col, kind_of in _column_kinds(kind).items():
+        if kind_of == "number":
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+        elif kind_of == "bool":
+            df[col] = df[col].map(lambda v: v if isinstance(v, bool) else None).astype(object)
+        else:
+            df[col] = df[col].map(lambda v: v if isinstance(v, str) else None).astype(object)
+    key = [c for c in ("rank", "step", "seq") if c in cols]
+    valid = np.isfinite(df[key]).all(axis=1) & (df[key] >= 0).all(axis=1) & (df[key] < 2**62).all(axis=1)
+    if not valid.all() and warnings is not None:
+        warnings.append(f"{source}: {int((~valid).sum())} records without a valid {'/'.join(key)} skipped")
+    df = df[valid].copy()
+    for col in key:
         df[col] = df[col].astype("int64")
+    if "warmup" in df.columns:
+        df["warmup"] = df["warmup"].fillna(False).astype(bool)
     return df.reset_index(drop=True)
+
+
+@functools.cache
+def _column_kinds(kind: str) -> dict[str, str]:
+    """column -> number | bool | str, from the record dataclass's annotations."""
+    hints = typing.get_type_hints(RECORD_KINDS[kind])
+    out = {}
+    for col in columns_of(kind):
+        args = set(typing.get_args(hints[col])) or {hints[col]}
+        args.discard(type(None))
+        out[col] = "bool" if args == {bool} else "str" if args == {str} else "number"
+    return out
 
 
 def _concat(frames: list[pd.DataFrame], kind: str) -> pd.DataFrame:

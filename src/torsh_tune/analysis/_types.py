@@ -113,12 +113,14 @@ class CommStats:
     overlap_pct: float | None  # 100 * (1 - exposed / comm); None without communication
     transfer_s: float | None  # per step: sum over collectives of the min duration across ranks
     wait_s: float | None  # per step, mean across ranks: own duration - transfer (skew + contention)
-    busbw_gbps: float | None  # nccl-tests bus bandwidth over the transfer part
-    algbw_gbps: float | None  # bytes / transfer
+    busbw_gbps: float | None  # nccl-tests bus bandwidth: algbw x collective factor
+    algbw_gbps: float | None  # wire bytes / wire time (transfer without queueing)
     hooks: tuple[str, ...]  # comm hooks seen
     ddp_logging: dict[str, Any] | None  # DDP's own logging data (times in ns), rank 0
     wire_bytes_per_step: float | None = None  # per rank, after compression
     wait_by_rank_s: dict[int, float] = field(default_factory=dict)  # median per step
+    last_transfer_s: float | None = None  # wire time of each step's last collective (never overlappable)
+    wire_s: float | None = None  # per step: transfer without queueing behind the previous collective
 
 
 @dataclass(frozen=True, kw_only=True)

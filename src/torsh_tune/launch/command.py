@@ -113,7 +113,9 @@ def apply_launcher_template(template: str, cmd: Sequence[str]) -> list[str]:
     try:
         return shlex.split(template.replace("{cmd}", shlex.join(cmd)))
     except ValueError as exc:
-        raise LaunchError(f"launch.launcher must be a valid shell-quoted template, but got {template!r}: {exc}") from None
+        raise LaunchError(
+            f"launch.launcher must be a valid shell-quoted template, but got {template!r}: {exc}"
+        ) from None
 
 
 def new_run_id(run_dir: RunDir) -> str:

@@ -12,6 +12,7 @@ import json
 import re
 import signal as _signal
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..rundir import RunDir
@@ -159,12 +160,15 @@ def read_exit_records(run_dir: RunDir) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _tail(path: Any, n: int = _TAIL_LINES) -> tuple[str, ...]:
+def _read_lines(path: Path) -> list[str]:
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
-        return ()
-    return tuple(lines[-n:])
+        return []
+
+
+def _tail(path: Path, n: int = _TAIL_LINES) -> tuple[str, ...]:
+    return tuple(_read_lines(path)[-n:])
 
 
 def _last_exception_line(lines: list[str] | tuple[str, ...]) -> str:
@@ -175,15 +179,11 @@ def _last_exception_line(lines: list[str] | tuple[str, ...]) -> str:
             start = i
     if start is None:
         return ""
-    candidate = ""
     for line in lines[start + 1 :]:
+        # Frames are indented; the first unindented line closes the (last) traceback.
         if line and not line.startswith((" ", "\t")):
-            candidate = line
-            if not line.startswith(("During handling", "The above exception")):
-                # The first unindented line after the frames is the exception; a chained
-                # traceback restarts the search at its own "Traceback" header.
-                break
-    return candidate.strip()
+            return line.strip()
+    return ""
 
 
 def _error_message(rec: dict[str, Any]) -> str:
@@ -248,7 +248,10 @@ def classify_run(
             ranks[r] = "unknown"
 
     if stopped is not None:
-        return RunOutcome(status=stopped, message=stop_message, ranks=ranks, **common)
+        # Rank 0's last words usually show where a hung or slow job was.
+        return RunOutcome(
+            status=stopped, message=stop_message, stderr_tail=_tail(run_dir.rank_log(0)), ranks=ranks, **common
+        )
 
     # A rank that rejected the configuration explains everything that followed.
     config_errors = sorted(
@@ -298,17 +301,12 @@ def classify_run(
         return RunOutcome(status="ok", ranks=ranks, **common)
 
     if root is not None:
-        tail = _tail(run_dir.rank_log(root.rank))
-        exc = _last_exception_line(tail) or _last_exception_line(
-            run_dir.rank_log(root.rank).read_text(errors="replace").splitlines()
-            if run_dir.rank_log(root.rank).exists()
-            else []
-        )
+        log = _read_lines(run_dir.rank_log(root.rank))
         return RunOutcome(
             status="script_error",
             failing_rank=root.rank,
-            message=exc or f"rank {root.rank} exited with status {root.exitcode}",
-            stderr_tail=tail,
+            message=_last_exception_line(log) or f"rank {root.rank} exited with status {root.exitcode}",
+            stderr_tail=tuple(log[-_TAIL_LINES:]),
             ranks=ranks,
             **common,
         )

@@ -1,0 +1,129 @@
+"""`analyze_run`: load a run directory, run every analyzer, diagnose and recommend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from ..config import RunConfig, ThresholdsConfig
+from ..errors import ConfigError
+from ._bottlenecks import diagnose
+from ._comm import comm_stats
+from ._load import load_run
+from ._recommend import recommend
+from ._resources import data_wait_by_rank, memory_stats, system_stats
+from ._runinfo import is_done, run_status
+from ._steps import breakdown, measured, step_stats
+from ._stragglers import straggler_stats
+from ._types import RunAnalysis
+
+__all__ = ["analyze_run"]
+
+T = TypeVar("T")
+
+
+def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig | None = None) -> RunAnalysis:
+    """Analyse one run directory: statistics, bottlenecks and recommendations.
+
+    Never raises on a failed or empty run: whatever could be computed is returned, the
+    rest is None, and `warnings` says what was missing. `partial` is True when a rank did
+    not end with status ok/budget (or left no exit.json) or the run itself did not end ok.
+
+    Args:
+        run_dir: the run directory.
+        thresholds: bottleneck thresholds; by default the run's own (config.json), else
+            ThresholdsConfig().
+
+    Returns:
+        The RunAnalysis; `dataclasses.asdict` of it is JSON-serialisable.
+
+    Example:
+        >>> a = analyze_run("runs/20250101-120000-train-ab12")  # doctest: +SKIP
+        >>> a.bottlenecks[0].category, a.recommendations[0].config_patch  # doctest: +SKIP
+        ('io', {'dataloader': {'num_workers': 3, 'persistent_workers': True}})
+    """
+    frames = load_run(run_dir)
+    warnings = list(frames.warnings)
+    th = thresholds or _thresholds_of(frames.config, warnings)
+    steps, comm, more = measured(frames.steps, frames.comm)
+    warnings += more
+
+    # A failed run can leave records no analyzer foresaw; one analyzer failing must not
+    # cost the user the others, so each failure becomes a warning instead.
+    def guarded(what: str, fn: Callable[[], T], fallback: T) -> T:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - recorded in warnings, never silent
+            warnings.append(f"{what} failed: {type(exc).__name__}: {exc}")
+            return fallback
+
+    st = guarded("step statistics", lambda: step_stats(steps), None)
+    bd = guarded("breakdown", lambda: breakdown(steps), None)
+    cm = guarded("communication analysis",
+                 lambda: comm_stats(steps, comm, world_size=frames.world_size, meta=frames.meta), None)
+    sg = guarded("straggler analysis",
+                 lambda: straggler_stats(steps, comm, median_step_s=st.median_step_s if st else None), None)
+    mem = guarded("memory analysis", lambda: memory_stats(frames.steps, frames.system, frames.meta), None)
+    sysst = guarded("system analysis", lambda: system_stats(frames.system), None)
+    waits = guarded("data-wait analysis", lambda: data_wait_by_rank(steps), {})
+    if st is None:
+        warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
+
+    pipeline = next((m["pipeline"] for _, m in sorted(frames.meta.items()) if isinstance(m.get("pipeline"), dict)), None)
+    ref = frames.info.get("reference_busbw_gbps")
+    bottlenecks = guarded("diagnosis", lambda: diagnose(
+        breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
+        pipeline=pipeline, world_size=frames.world_size, thresholds=th,
+        reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
+    ), ()) if bd is not None else ()
+    recs = guarded("recommendations", lambda: recommend(
+        bottlenecks, info=frames.info, config=frames.config, meta=frames.meta, world_size=frames.world_size,
+    ), ())
+
+    status = run_status(frames.info)
+    partial = _partial(status, frames.exits, frames.world_size, warnings)
+    return RunAnalysis(
+        run_dir=frames.run_dir,
+        name=str(frames.info.get("name") or Path(frames.run_dir).name),
+        info=frames.info,
+        world_size=frames.world_size,
+        status=status,
+        partial=partial,
+        warnings=tuple(warnings),
+        steps=st,
+        breakdown=bd,
+        comm=cm,
+        stragglers=sg,
+        memory=mem,
+        system=sysst,
+        bottlenecks=bottlenecks,
+        recommendations=recs,
+    )
+
+
+def _partial(status: str, exits: dict[int, dict[str, Any]], world_size: int, warnings: list[str]) -> bool:
+    partial = status != "unknown" and not is_done(status)
+    if partial:
+        warnings.append(f"run status is {status!r}: results cover only what was recorded")
+    for rank in range(world_size):
+        doc = exits.get(rank)
+        if doc is None:
+            warnings.append(f"rank {rank} left no exit.json (killed or still running)")
+            partial = True
+        elif not is_done(str(doc.get("status"))):
+            detail = doc.get("error_type") or doc.get("message") or ""
+            warnings.append(f"rank {rank} ended with status {doc.get('status')!r} {detail}".rstrip())
+            partial = True
+    return partial
+
+
+def _thresholds_of(config: dict[str, Any], warnings: list[str]) -> ThresholdsConfig:
+    data = config.get("thresholds")
+    if not isinstance(data, dict):
+        return ThresholdsConfig()
+    try:
+        return RunConfig.from_dict({"thresholds": data}).thresholds
+    except ConfigError as exc:
+        warnings.append(f"config.json thresholds ignored: {exc}")
+        return ThresholdsConfig()

@@ -1,0 +1,333 @@
+"""Rules turning measured statistics into severity-ranked bottlenecks.
+
+Thresholds come from `config.ThresholdsConfig` (the ToRSh guide's defaults). Every
+bottleneck carries the numbers that triggered it, with units in the evidence keys.
+
+Attribution matters more than detection: when one rank is late, the other ranks spend the
+difference blocked in their collectives, which looks like exposed communication. The
+cross-rank split of each collective (transfer = min duration across ranks, wait = the rest)
+tells the two apart, so skew-dominated communication is charged to the straggler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ThresholdsConfig
+from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
+
+__all__ = ["REFERENCE_BUSBW_GBPS", "diagnose"]
+
+#: Bus bandwidth below which transfer-dominated communication is blamed on the network,
+#: when the run does not state its own reference (run.json "reference_busbw_gbps"):
+#: about half of a PCIe 4 x16 / InfiniBand HDR link for GPUs, loopback TCP for gloo on CPU.
+REFERENCE_BUSBW_GBPS = {"cuda": 12.0, "cpu": 1.0}
+
+# A rank must be the last to arrive in at least this share of steps to be a straggler
+# (otherwise the skew moves between ranks: jitter, not one slow rank).
+_LAST_SHARE_MIN_PCT = 50.0
+# Communication is transfer-dominated when at least this share of it is transfer.
+_TRANSFER_SHARE_MIN_PCT = 50.0
+
+
+def diagnose(
+    *,
+    breakdown: Breakdown | None,
+    comm: CommStats | None = None,
+    stragglers: StragglerStats | None = None,
+    memory: MemoryStats | None = None,
+    system: SystemStats | None = None,
+    data_wait_by_rank: dict[int, float] | None = None,
+    pipeline: dict[str, Any] | None = None,
+    world_size: int = 1,
+    thresholds: ThresholdsConfig | None = None,
+    reference_busbw_gbps: float | None = None,
+) -> tuple[Bottleneck, ...]:
+    """Apply the bottleneck rules to a run's statistics.
+
+    Args:
+        breakdown: the step breakdown (phases as % of step time); None when no steps.
+        comm: communication statistics.
+        stragglers: straggler statistics.
+        memory: memory statistics.
+        system: system sampler statistics.
+        data_wait_by_rank: rank -> data wait % of its step time.
+        pipeline: a rank's meta.json "pipeline" document (stages, microbatches and the
+            measured bubble_pct), when the run is pipeline-parallel.
+        world_size: number of ranks.
+        thresholds: rule thresholds; ThresholdsConfig() by default.
+        reference_busbw_gbps: bus bandwidth the interconnect should reach; by default
+            REFERENCE_BUSBW_GBPS of the memory device.
+
+    Returns:
+        Bottlenecks, most severe first (ties: larger share of the step first).
+
+    Example:
+        >>> diagnose(breakdown=analysis.breakdown, comm=analysis.comm)  # doctest: +SKIP
+        (Bottleneck(category='communication', severity='high', ...),)
+    """
+    th = thresholds or ThresholdsConfig()
+    all_ranks = tuple(range(world_size))
+    found: list[tuple[Bottleneck, float]] = []  # (bottleneck, share of the step it costs, %)
+    pct = breakdown.phases_pct if breakdown else {}
+
+    straggler = _straggler(stragglers, comm, pct, th)
+    if straggler:
+        found.append(straggler)
+    step_s = breakdown.step_s if breakdown else None
+    found += _communication(comm, pct, th, all_ranks, step_s, straggler_found=straggler is not None)
+    device = memory.device if memory else "cpu"
+    ref = reference_busbw_gbps if reference_busbw_gbps else REFERENCE_BUSBW_GBPS.get(device, 1.0)
+    found += _network(comm, pct, th, all_ranks, ref, straggler_found=straggler is not None)
+    found += _io(pct, data_wait_by_rank or {}, th, all_ranks)
+    found += _memory(memory, th)
+    found += _gpu_util(system, pct, th, all_ranks)
+    found += _pipeline(pipeline, th, all_ranks)
+    found += _computation(pct, all_ranks)
+    found.sort(key=lambda item: (SEVERITIES.index(item[0].severity), -item[1]))
+    return tuple(b for b, _ in found)
+
+
+def skew_share_pct(comm: CommStats | None) -> float | None:
+    """% of collective time that is waiting for other ranks (vs transfer)."""
+    if comm is None or comm.transfer_s is None or comm.wait_s is None:
+        return None
+    total = comm.transfer_s + comm.wait_s
+    return 100.0 * comm.wait_s / total if total > 0 else None
+
+
+def _level(value: float, *, critical: float, high: float, medium: float | None = None) -> str | None:
+    if value > critical:
+        return "critical"
+    if value > high:
+        return "high"
+    if medium is not None and value > medium:
+        return "medium"
+    return None
+
+
+def _straggler(st: StragglerStats | None, comm: CommStats | None, pct: dict[str, float],
+               th: ThresholdsConfig) -> tuple[Bottleneck, float] | None:
+    if st is None or st.slowest_rank is None or st.lateness_pct is None:
+        return None
+    rows = {row["rank"]: row for row in st.per_rank}
+    slow = st.slowest_rank
+    others = sorted(row["median_compute_s"] for r, row in rows.items() if r != slow)
+    step_s = median([row["median_step_s"] for row in rows.values()])
+    compute_excess_pct = 0.0
+    if others and step_s > 0:
+        compute_excess_pct = 100.0 * (rows[slow]["median_compute_s"] - median(others)) / step_s
+    excess_pct = max(st.lateness_pct, compute_excess_pct)
+    last_share = st.last_share_pct or 0.0
+    if excess_pct <= th.straggler_pct or last_share < _LAST_SHARE_MIN_PCT:
+        return None
+    severity = "critical" if excess_pct > 3 * th.straggler_pct else "high"
+    evidence: dict[str, Any] = {
+        "slowest_rank": slow,
+        "excess_pct": round(excess_pct, 2),
+        "lateness_pct": round(st.lateness_pct, 2),
+        "compute_excess_pct": round(compute_excess_pct, 2),
+        "last_share_pct": round(last_share, 2),
+        "median_compute_s": rows[slow]["median_compute_s"],
+        "others_median_compute_s": median(others) if others else None,
+        "threshold_pct": th.straggler_pct,
+        "basis": st.basis,
+    }
+    if st.per_rank and rows[slow].get("lateness_s") is not None:
+        evidence["lateness_s"] = rows[slow]["lateness_s"]
+    skew = skew_share_pct(comm)
+    if skew is not None:
+        evidence["skew_share_pct"] = round(skew, 2)
+        evidence["exposed_comm_pct"] = round(pct.get("exposed_comm", 0.0), 2)
+        evidence["wait_s"] = comm.wait_s
+    message = (
+        f"rank {slow} is a straggler: {excess_pct:.1f} % of the step later/slower than the other ranks, "
+        f"last in {last_share:.0f} % of steps"
+    )
+    if skew is not None and skew >= 50.0:
+        message += f"; {skew:.0f} % of the others' collective time is waiting for it"
+    return Bottleneck(category="straggler", severity=severity, ranks=(slow,), evidence=evidence, message=message), excess_pct
+
+
+def _communication(comm: CommStats | None, pct: dict[str, float], th: ThresholdsConfig,
+                   ranks: tuple[int, ...], step_s: float | None, *, straggler_found: bool) -> list[tuple[Bottleneck, float]]:
+    if comm is None:
+        return []
+    exposed = pct.get("exposed_comm", 0.0)
+    skew = skew_share_pct(comm)
+    # Waiting for a straggler is the straggler's cost; only the transfer part is communication's.
+    attributable = exposed * (1.0 - skew / 100.0) if straggler_found and skew is not None else exposed
+    severity = _level(attributable, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2)
+    if severity is None:
+        return []
+    evidence: dict[str, Any] = {
+        "exposed_comm_pct": round(exposed, 2),
+        "attributable_comm_pct": round(attributable, 2),
+        "exposed_comm_s": comm.exposed_comm_s,
+        "comm_s": comm.comm_s,
+        "overlap_pct": None if comm.overlap_pct is None else round(comm.overlap_pct, 2),
+        "backward_compute_pct": round(pct.get("backward_compute", 0.0), 2),
+        "threshold_high_pct": th.comm_high_pct,
+        "threshold_critical_pct": th.comm_critical_pct,
+        "num_collectives_per_step": comm.num_collectives_per_step,
+        "bytes_per_step": comm.bytes_per_step,
+    }
+    if skew is not None:
+        evidence["skew_share_pct"] = round(skew, 2)
+        evidence["transfer_s"] = comm.transfer_s
+        evidence["wait_s"] = comm.wait_s
+    if comm.last_transfer_s is not None and step_s:
+        evidence["last_transfer_pct"] = round(100.0 * comm.last_transfer_s / step_s, 2)
+    message = f"{exposed:.1f} % of the step is communication not hidden behind backward compute"
+    if comm.overlap_pct is not None:
+        message += f" (overlap {comm.overlap_pct:.0f} %)"
+    if skew is not None and skew >= 50.0 and not straggler_found:
+        message += f"; {skew:.0f} % of it is waiting for other ranks (skew without one consistent straggler)"
+    return [(Bottleneck(category="communication", severity=severity, ranks=ranks, evidence=evidence,
+                        message=message), attributable)]
+
+
+def _network(comm: CommStats | None, pct: dict[str, float], th: ThresholdsConfig, ranks: tuple[int, ...],
+             reference_gbps: float, *, straggler_found: bool) -> list[tuple[Bottleneck, float]]:
+    if comm is None or comm.busbw_gbps is None or comm.transfer_s is None:
+        return []
+    exposed = pct.get("exposed_comm", 0.0)
+    skew = skew_share_pct(comm) or 0.0
+    transfer_share = 100.0 - skew
+    transfer_exposed = exposed * transfer_share / 100.0
+    significant = exposed > th.comm_high_pct / 2
+    if not (significant and transfer_share >= _TRANSFER_SHARE_MIN_PCT and comm.busbw_gbps < reference_gbps):
+        return []
+    severity = "high" if transfer_exposed > th.comm_high_pct and not straggler_found else "medium"
+    evidence = {
+        "busbw_gbps": round(comm.busbw_gbps, 4),
+        "algbw_gbps": None if comm.algbw_gbps is None else round(comm.algbw_gbps, 4),
+        "reference_busbw_gbps": reference_gbps,
+        "transfer_share_pct": round(transfer_share, 2),
+        "transfer_exposed_pct": round(transfer_exposed, 2),
+        "exposed_comm_pct": round(exposed, 2),
+        "transfer_s": comm.transfer_s,
+        "wire_bytes_per_step": comm.wire_bytes_per_step,
+    }
+    message = (
+        f"collectives are transfer-bound ({transfer_share:.0f} % transfer) at {comm.busbw_gbps:.3g} GB/s bus "
+        f"bandwidth, below the {reference_gbps:g} GB/s reference"
+    )
+    return [(Bottleneck(category="network", severity=severity, ranks=ranks, evidence=evidence, message=message),
+             transfer_exposed)]
+
+
+def _io(pct: dict[str, float], by_rank: dict[int, float], th: ThresholdsConfig,
+        ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    data = pct.get("data", 0.0)
+    severity = _level(data, critical=th.io_critical_pct, high=th.io_high_pct)
+    if severity is None:
+        return []
+    involved = tuple(r for r, v in sorted(by_rank.items()) if v > th.io_high_pct) or ranks
+    evidence = {
+        "data_wait_pct": round(data, 2),
+        "data_wait_pct_by_rank": {r: round(v, 2) for r, v in sorted(by_rank.items())},
+        "threshold_high_pct": th.io_high_pct,
+        "threshold_critical_pct": th.io_critical_pct,
+    }
+    message = f"{data:.1f} % of the step waits for the DataLoader"
+    return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
+
+
+def _memory(memory: MemoryStats | None, th: ThresholdsConfig) -> list[tuple[Bottleneck, float]]:
+    if memory is None or memory.peak_pct is None:
+        return []
+    severity = _level(memory.peak_pct, critical=th.memory_critical_pct, high=th.memory_high_pct)
+    if severity is None:
+        return []
+    if memory.device == "cuda" and memory.capacity_bytes:
+        involved = tuple(r for r, b in memory.peak_bytes_by_rank.items()
+                         if 100.0 * b / memory.capacity_bytes > th.memory_high_pct)
+    else:
+        involved = tuple(memory.peak_bytes_by_rank)
+    evidence = {
+        "peak_pct": round(memory.peak_pct, 2),
+        "capacity_bytes": memory.capacity_bytes,
+        "peak_bytes_by_rank": dict(memory.peak_bytes_by_rank),
+        "device": memory.device,
+        "threshold_high_pct": th.memory_high_pct,
+        "threshold_critical_pct": th.memory_critical_pct,
+    }
+    where = "of GPU memory" if memory.device == "cuda" else "of host memory (ranks' RSS summed)"
+    message = f"peak memory at {memory.peak_pct:.1f} % {where}: close to out-of-memory"
+    return [(Bottleneck(category="memory", severity=severity, ranks=involved or tuple(memory.peak_bytes_by_rank),
+                        evidence=evidence, message=message), 0.0)]
+
+
+def _gpu_util(system: SystemStats | None, pct: dict[str, float], th: ThresholdsConfig,
+              ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    if system is None or system.gpu_util_pct_mean is None or system.gpu_util_pct_mean >= th.gpu_util_medium_pct:
+        return []
+    util = system.gpu_util_pct_mean
+    evidence = {
+        "gpu_util_pct": round(util, 2),
+        "threshold_pct": th.gpu_util_medium_pct,
+        "data_wait_pct": round(pct.get("data", 0.0), 2),
+        "exposed_comm_pct": round(pct.get("exposed_comm", 0.0), 2),
+    }
+    message = f"GPUs are busy {util:.0f} % of the time (below {th.gpu_util_medium_pct:g} %)"
+    return [(Bottleneck(category="computation", severity="medium", ranks=ranks, evidence=evidence,
+                        message=message), 100.0 - util)]
+
+
+def theoretical_bubble_pct(stages: int, microbatches: int) -> float:
+    """GPipe/1F1B bubble fraction (p - 1) / (m + p - 1), in %."""
+    return 100.0 * (stages - 1) / (microbatches + stages - 1)
+
+
+def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
+              ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    if not pipeline:
+        return []
+    stages, micro = pipeline.get("stages"), pipeline.get("microbatches")
+    measured = pipeline.get("bubble_pct")
+    if not (isinstance(stages, int) and isinstance(micro, int) and stages > 1 and micro > 0):
+        return []
+    theory = theoretical_bubble_pct(stages, micro)
+    if not isinstance(measured, (int, float)):
+        measured = theory
+    severity = _level(measured, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2) or "low"
+    evidence = {
+        "stages": stages,
+        "microbatches": micro,
+        "bubble_pct": round(float(measured), 2),
+        "theoretical_bubble_pct": round(theory, 2),
+        "excess_bubble_pct": round(float(measured) - theory, 2),
+    }
+    message = (f"pipeline bubble {measured:.1f} % of the step (theory for {stages} stages x {micro} "
+               f"microbatches: {theory:.1f} %)")
+    return [(Bottleneck(category="pipeline_bubble", severity=severity, ranks=ranks, evidence=evidence,
+                        message=message), float(measured))]
+
+
+def _computation(pct: dict[str, float], ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    if not pct:
+        return []
+    compute = pct.get("forward", 0.0) + pct.get("backward_compute", 0.0) + pct.get("optimizer", 0.0)
+    rivals = {k: pct.get(k, 0.0) for k in ("data", "exposed_comm", "other")}
+    if compute <= max(rivals.values()):
+        return []
+    evidence = {
+        "compute_pct": round(compute, 2),
+        "forward_pct": round(pct.get("forward", 0.0), 2),
+        "backward_compute_pct": round(pct.get("backward_compute", 0.0), 2),
+        "optimizer_pct": round(pct.get("optimizer", 0.0), 2),
+        **{f"{k}_pct": round(v, 2) for k, v in rivals.items()},
+    }
+    message = f"compute-bound: {compute:.0f} % of the step is compute; scaling compute helps"
+    return [(Bottleneck(category="computation", severity="low", ranks=ranks, evidence=evidence, message=message),
+             compute)]
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    if not s:
+        return 0.0
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+

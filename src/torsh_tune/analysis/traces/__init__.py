@@ -1,0 +1,44 @@
+"""Deep-trace analysis: Kineto/Chrome traces (NCCL or gloo) into per-rank DataFrames.
+
+Parsing (`load_traces`: streaming, columnar, one DataFrame per rank + a symbol table) is
+kept apart from the analyzers (pure functions over DataFrames) behind one facade,
+`analyze_traces`. No torch import.
+
+Example:
+    >>> from torsh_tune.analysis.traces import analyze_traces  # doctest: +SKIP
+    >>> a = analyze_traces("tests/data/traces/gloo-ddp-2rank")  # doctest: +SKIP
+    >>> a.overlap[["rank", "overlap_pct", "exposed_comm_s"]]  # doctest: +SKIP
+"""
+
+from ._analyze import TraceAnalysis, analyze_traces
+from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
+from ._collectives import COLLECTIVE_COLUMNS, normalize_collective, rank_collectives
+from ._counterfactuals import counterfactuals, step_table
+from ._cross_rank import collective_timing, stragglers
+from ._model import RankTrace, TraceSet, find_trace_files, load_traces
+from ._symbols import SymbolTable
+from ._timeline import CommPatterns, Timeline, rank_timeline, step_spans
+
+__all__ = [
+    "COLLECTIVE_COLUMNS",
+    "CommPatterns",
+    "RankTrace",
+    "SymbolTable",
+    "Timeline",
+    "TraceAnalysis",
+    "TraceSet",
+    "analyze_traces",
+    "collective_timing",
+    "comm_overlap",
+    "counterfactuals",
+    "find_trace_files",
+    "load_traces",
+    "normalize_collective",
+    "rank_collectives",
+    "rank_timeline",
+    "step_spans",
+    "step_table",
+    "stragglers",
+    "temporal_breakdown",
+    "top_kernels",
+]

@@ -1,0 +1,114 @@
+"""`analyze_traces`: every trace analyzer over a `TraceSet`, gathered in `TraceAnalysis`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
+from ._collectives import COLLECTIVE_COLUMNS, rank_collectives
+from ._counterfactuals import counterfactuals, step_table
+from ._cross_rank import collective_timing, stragglers
+from ._model import TraceSet, load_traces
+from ._timeline import CommPatterns, rank_timeline
+
+__all__ = ["TraceAnalysis", "analyze_traces"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceAnalysis:
+    """Results of `analyze_traces`: DataFrames keyed by rank plus a JSON-able summary.
+
+    Attributes:
+        breakdown: idle/compute/non-compute per rank (`temporal_breakdown`).
+        overlap: comm/compute overlap and exposed comm per rank (`comm_overlap`).
+        collectives: one row per collective per rank with wait_s, transfer_s,
+            algbw_gbps, busbw_gbps (`collective_timing`).
+        stragglers: per rank, how often it arrives last at a collective.
+        top_kernels: longest kernels (CPU: main-thread ops) per rank.
+        steps: per (rank, ProfilerStep) step and exposed-comm time.
+        summary: headline numbers (plain JSON types) for reports and Bottleneck rules.
+    """
+
+    path: Path
+    breakdown: pd.DataFrame
+    overlap: pd.DataFrame
+    collectives: pd.DataFrame
+    stragglers: pd.DataFrame
+    top_kernels: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _mean(df: pd.DataFrame, col: str) -> float | None:
+    v = df[col].dropna() if col in df else pd.Series(dtype=float)
+    return float(v.mean()) if len(v) else None
+
+
+def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | None = None,
+                   exclude_last_step: bool = True, hta_rounding: bool = False,
+                   top_limit: int = 15) -> TraceAnalysis:
+    """Analyze a directory of Kineto traces (or a loaded `TraceSet`).
+
+    Args:
+        source: trace directory / file, or a `TraceSet` from `load_traces`.
+        patterns: how communication is recognised (NCCL kernel names, gloo annotations).
+        exclude_last_step: drop kernels launched in the last ProfilerStep, which the
+            profiling window usually cuts off (HTA does the same).
+        hta_rounding: round sub-µs kernel times to whole µs as HTA 0.5 does (for
+            side-by-side comparisons only).
+        top_limit: rows per rank in `top_kernels`.
+
+    Returns:
+        A `TraceAnalysis`.
+
+    Raises:
+        ConfigError: see `load_traces`.
+
+    Example:
+        >>> a = analyze_traces("tests/data/traces/hta-sampled-2rank")  # doctest: +SKIP
+        >>> a.breakdown[["rank", "idle_pct"]].round(2).values.tolist()  # doctest: +SKIP
+        [[0, 53.56], [1, 54.72]]
+    """
+    traces = source if isinstance(source, TraceSet) else load_traces(source)
+    patterns = patterns or CommPatterns()
+    timelines = {r: rank_timeline(rt, traces.symbols, patterns, exclude_last_step=exclude_last_step,
+                                  hta_rounding=hta_rounding) for r, rt in traces.ranks.items()}
+    breakdown = temporal_breakdown(timelines)
+    overlap = comm_overlap(timelines)
+    frames = [rank_collectives(rt, traces.symbols, patterns) for rt in traces.ranks.values()]
+    frames = [f for f in frames if len(f)]
+    coll = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    coll = collective_timing(coll)
+    strag = stragglers(coll)
+    steps = step_table(traces, timelines)
+    what_if = counterfactuals(steps)
+    backends = sorted({rt.backend for rt in traces.ranks.values() if rt.backend})
+    worst = strag.sort_values("times_last", ascending=False).iloc[0] if len(strag) else None
+    summary: dict[str, Any] = {
+        "num_ranks": len(traces.ranks),
+        "ranks": list(traces.ranks),
+        "backend": ",".join(backends) or None,
+        "device": ",".join(sorted(set(breakdown["device"]))) or None,
+        "idle_pct": _mean(breakdown, "idle_pct"),
+        "compute_pct": _mean(breakdown, "compute_pct"),
+        "non_compute_pct": _mean(breakdown, "non_compute_pct"),
+        "overlap_pct": _mean(overlap, "overlap_pct"),
+        "exposed_comm_s": float(overlap["exposed_comm_s"].sum()) if len(overlap) else None,
+        "num_collectives": int(len(coll)),
+        "mean_wait_s": _mean(coll, "wait_s"),
+        "mean_transfer_s": _mean(coll, "transfer_s"),
+        "median_busbw_gbps": float(np.nanmedian(coll["busbw_gbps"])) if coll["busbw_gbps"].notna().any() else None,
+        "straggler_rank": int(worst["rank"]) if worst is not None and worst["times_last"] > 0 else None,
+        "straggler_last_share_pct": float(worst["last_share_pct"]) if worst is not None else None,
+        **{f"what_if_{k}" if k != "slowest_rank" else k: v for k, v in what_if.items()},
+        "hta_rounding": hta_rounding,
+        "warnings": list(traces.warnings),
+    }
+    return TraceAnalysis(path=traces.path, breakdown=breakdown, overlap=overlap, collectives=coll,
+                         stragglers=strag, top_kernels=top_kernels(timelines, traces.symbols, limit=top_limit),
+                         steps=steps, summary=summary)

@@ -1,0 +1,100 @@
+"""Temporal breakdown, communication/computation overlap, exposed comm, top kernels/ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import _intervals as iv
+from ._symbols import SymbolTable
+from ._timeline import COMMUNICATION, COMPUTATION, KIND_NAMES, Timeline
+
+__all__ = ["comm_overlap", "temporal_breakdown", "top_kernels"]
+
+
+def temporal_breakdown(timelines: dict[int, Timeline]) -> pd.DataFrame:
+    """Idle / compute / non-compute share of each rank's device timeline.
+
+    Over the span from the first kernel's start to the last kernel's end (HTA's
+    definition): idle = time no kernel runs; compute = union of computation kernels;
+    non-compute = the rest (communication and memcpy/memset not hidden under compute).
+    On CPU timelines the "kernels" are main-thread operators and gloo worker spans, and
+    the span is the profiled steps.
+
+    Returns:
+        One row per rank: rank, device, span_s, idle_s, compute_s, non_compute_s,
+        idle_pct, compute_pct, non_compute_pct.
+    """
+    rows = []
+    for rank, tl in timelines.items():
+        lo, hi = tl.window_us
+        s, e = iv.clip(tl.start_us, tl.end_us, lo, hi)
+        kind = tl.kind[(np.clip(tl.end_us, lo, hi) > np.clip(tl.start_us, lo, hi))]
+        span = hi - lo
+        busy = iv.total(s, e)
+        compute = iv.total(s[kind == COMPUTATION], e[kind == COMPUTATION])
+        idle = span - busy
+        non_compute = span - compute - idle
+        pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
+        rows.append({"rank": rank, "device": tl.device, "span_s": span / 1e6, "idle_s": idle / 1e6,
+                     "compute_s": compute / 1e6, "non_compute_s": non_compute / 1e6,
+                     "idle_pct": pct(idle), "compute_pct": pct(compute), "non_compute_pct": pct(non_compute)})
+    return pd.DataFrame(rows, columns=["rank", "device", "span_s", "idle_s", "compute_s", "non_compute_s",
+                                       "idle_pct", "compute_pct", "non_compute_pct"])
+
+
+def comm_overlap(timelines: dict[int, Timeline]) -> pd.DataFrame:
+    """How much communication runs under computation, and how much is exposed.
+
+    overlap_pct = |comm ∩ compute| / |comm| (HTA's comp/comm overlap); exposed_comm_s =
+    |comm| − |comm ∩ compute|, the communication nothing hides: an upper bound on what
+    faster or better-overlapped communication can save per profiled span.
+
+    Returns:
+        One row per rank: rank, device, comm_s, compute_s, overlapped_s, exposed_comm_s,
+        overlap_pct, exposed_comm_pct (of the span).
+    """
+    rows = []
+    for rank, tl in timelines.items():
+        lo, hi = tl.window_us
+        comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
+        comp = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
+        if tl.device == "cpu":
+            comm, comp = iv.clip(*comm, lo, hi), iv.clip(*comp, lo, hi)
+        comm_t, comp_t = iv.total(*comm), iv.total(*comp)
+        both = iv.overlap(comm, comp)
+        span = hi - lo
+        rows.append({"rank": rank, "device": tl.device, "comm_s": comm_t / 1e6, "compute_s": comp_t / 1e6,
+                     "overlapped_s": both / 1e6, "exposed_comm_s": (comm_t - both) / 1e6,
+                     "overlap_pct": 100.0 * both / comm_t if comm_t > 0 else float("nan"),
+                     "exposed_comm_pct": 100.0 * (comm_t - both) / span if span > 0 else float("nan")})
+    return pd.DataFrame(rows, columns=["rank", "device", "comm_s", "compute_s", "overlapped_s",
+                                       "exposed_comm_s", "overlap_pct", "exposed_comm_pct"])
+
+
+def top_kernels(timelines: dict[int, Timeline], symbols: SymbolTable, *, limit: int = 15) -> pd.DataFrame:
+    """The kernels (CPU: main-thread ops, inclusive) taking the most time on each rank.
+
+    Returns:
+        rank, name, kind, count, total_s, mean_us, max_us, share_pct (of the rank's
+        summed kernel time), at most `limit` rows per rank, longest first.
+    """
+    frames = []
+    for rank, tl in timelines.items():
+        if tl.start_us.size == 0:
+            continue
+        df = pd.DataFrame({"name_id": tl.name_id, "kind": tl.kind, "dur_us": tl.end_us - tl.start_us})
+        g = df.groupby(["name_id", "kind"], sort=False)["dur_us"].agg(["count", "sum", "mean", "max"])
+        g = g.sort_values("sum", ascending=False).head(limit).reset_index()
+        frames.append(pd.DataFrame({
+            "rank": rank,
+            "name": symbols.decode(g["name_id"].tolist()),
+            "kind": [KIND_NAMES[k] for k in g["kind"].tolist()],
+            "count": g["count"].astype(np.int64),
+            "total_s": g["sum"] / 1e6,
+            "mean_us": g["mean"],
+            "max_us": g["max"],
+            "share_pct": 100.0 * g["sum"] / df["dur_us"].sum(),
+        }))
+    cols = ["rank", "name", "kind", "count", "total_s", "mean_us", "max_us", "share_pct"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)

@@ -1,0 +1,127 @@
+"""Number formatting shared by the Markdown and terminal reports (units come from key names)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = [
+    "PHASE_LABELS",
+    "fmt_bytes",
+    "fmt_pct",
+    "fmt_s",
+    "fmt_value",
+    "gain_text",
+]
+
+#: Display names of the breakdown phases.
+PHASE_LABELS = {
+    "data": "data wait",
+    "forward": "forward",
+    "backward_compute": "backward (compute)",
+    "exposed_comm": "exposed communication",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+
+
+def fmt_s(seconds: float | None) -> str:
+    """A duration in µs, ms or s with about 3 significant digits (never in e-notation)."""
+    if seconds is None:
+        return "–"
+    a = abs(seconds)
+    if a == 0:
+        return "0 ms"
+    # Thresholds just below the unit boundary so 0.9999 ms reads "1.00 ms", not "1000 µs".
+    if a < 0.9995e-3:
+        return f"{_sig3(seconds * 1e6)} µs"
+    if a < 0.9995:
+        return f"{_sig3(seconds * 1e3)} ms"
+    return f"{_sig3(seconds)} s" if a < 1000 else f"{seconds:,.0f} s"
+
+
+def _sig3(x: float) -> str:
+    a = abs(x)
+    return f"{x:.0f}" if a >= 99.95 else f"{x:.1f}" if a >= 9.995 else f"{x:.2f}"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in binary units (KiB, MiB, GiB)."""
+    if n is None:
+        return "–"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{_sig3(value)} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_pct(pct: float | None) -> str:
+    """A percentage with one decimal."""
+    return "–" if pct is None else f"{pct:.1f} %"
+
+
+def _fmt_number(x: float | int) -> str:
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, int):
+        return f"{x:,}"
+    if not math.isfinite(x):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    return f"{x:.4g}"
+
+
+def fmt_value(key: str, value: Any) -> str:
+    """Format a measured value by the unit suffix of its key (_s, _bytes, _pct, _gbps, _w)."""
+    if value is None:
+        return "–"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_value(key, v) for v in value) or "–"
+    if isinstance(value, dict):
+        # {rank: value} maps: the unit is the parent key's ("data_wait_pct_by_rank" -> pct).
+        unit_key = key.split("_by_")[0]
+        return ", ".join(f"{k}: {fmt_value(unit_key, v)}" for k, v in value.items()) or "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    parts = key.lower().split("_")
+    # Statistics suffixes do not change the unit: cpu_pct_mean is a percentage.
+    while len(parts) > 1 and parts[-1] in _STAT_SUFFIXES:
+        parts.pop()
+    unit = parts[-1]
+    if "bytes" in parts:
+        return fmt_bytes(value)
+    if unit == "s" and parts != ["s"]:
+        return fmt_s(float(value))
+    if unit == "pct":
+        return fmt_pct(float(value))
+    if unit == "gbps":
+        return f"{value:.3g} GB/s"
+    if unit == "w" and parts != ["w"]:
+        return f"{value:.3g} W"
+    return _fmt_number(value)
+
+
+_STAT_SUFFIXES = frozenset({"mean", "median", "max", "min", "p50", "p90", "p99", "std", "iqr"})
+
+
+def gain_text(gain: dict[str, Any], median_step_s: float | None) -> str:
+    """'5–12 % of the step (≈ 1.1–2.6 ms)' from an expected-gain dict."""
+    low, high = gain.get("low_pct"), gain.get("high_pct")
+    if low is None or high is None:
+        return "–"
+    same = _short_pct(low) == _short_pct(high)
+    text = f"{_short_pct(low)} %" if same else f"{_short_pct(low)}–{_short_pct(high)} %"
+    text += " of the step"
+    if median_step_s:
+        lo_s, hi_s = low / 100 * median_step_s, high / 100 * median_step_s
+        text += f" (≈ {fmt_s(lo_s)})" if same else f" (≈ {fmt_s(lo_s)}–{fmt_s(hi_s)})"
+    return text
+
+
+def _short_pct(x: float) -> str:
+    if round(x, 1) == 0:
+        return "0"
+    return f"{x:.1f}" if abs(x) < 9.95 else f"{x:.0f}"

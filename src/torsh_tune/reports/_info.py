@@ -1,0 +1,254 @@
+"""`ReportInfo`: everything a report or dashboard page shows, as plain JSON-ready data.
+
+`build_report_info` turns a `RunAnalysis` into it once; the JSON, Markdown and terminal
+writers (and the dashboard) only draw it. Every value inside is a JSON type (dicts with
+string keys, lists, str, int, float, bool, None), so `ReportInfo.from_dict(info.to_dict())`
+after a trip through `json` gives back an equal object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import PurePath
+from typing import Any
+
+from ..analysis import PHASES, RunAnalysis
+from ..errors import invalid
+
+__all__ = ["REPORT_SCHEMA_VERSION", "ReportInfo", "build_report_info"]
+
+#: Version of the ReportInfo/report.json layout; bumped on incompatible changes.
+REPORT_SCHEMA_VERSION = 1
+
+# run.json keys copied into ReportInfo.run (what was run, where, with which versions).
+_RUN_KEYS = (
+    "run_id",
+    "script",
+    "script_args",
+    "argv",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "nnodes",
+    "nproc_per_node",
+)
+_HARDWARE_KEYS = ("hostname", "platform", "cpu_count", "mem_total_bytes", "python_executable")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportInfo:
+    """The data of one run's report, JSON-serialisable and schema-versioned.
+
+    Attributes:
+        schema_version: `REPORT_SCHEMA_VERSION` of the writer.
+        generated_at: ISO-8601 UTC time the report was built.
+        run: name, run_dir, status, world_size, backend, device, script, script_args,
+            started_at, finished_at, duration_s, message (how it ended), rank_status
+            (rank -> status), versions, hardware (hostname, platform, cpu_count,
+            mem_total_bytes, ...).
+        config: the RunConfig of the run as a dict ({} when unknown).
+        summary: num_steps, median/p90/mean/std/iqr_step_s, samples_per_step,
+            throughput_samples_s, iqr_pct and cv_pct (spread over steps) and
+            rank_spread_pct (slowest vs fastest rank's median step); None without steps.
+        breakdown: one row per phase (PHASES order): phase, time_s, pct.
+        communication: the CommStats fields (per-rank dicts as lists of rows); None
+            without communication records.
+        stragglers: slowest_rank, last_share_pct, lateness_pct, basis, per_rank rows.
+        memory: device, capacity_bytes, peak_pct, per_rank rows (rank, peak_bytes).
+        system: cpu_pct_mean, sys_cpu_pct_mean, gpu_util_pct_mean, gpu_power_w_mean.
+        bottlenecks: category, severity, ranks, evidence, message; most severe first.
+        recommendations: priority, category, title, rationale, config_patch,
+            expected_gain (low_pct, high_pct, basis), effort, verified_by; priority order.
+        partial: the run did not end cleanly on every rank; numbers cover what was recorded.
+        warnings: what was missing or odd while analysing.
+
+    Example:
+        >>> info = build_report_info(analyze_run("torsh-runs/my-run"))  # doctest: +SKIP
+        >>> info.summary["median_step_s"], info.bottlenecks[0]["category"]  # doctest: +SKIP
+        (0.0213, 'communication')
+    """
+
+    schema_version: int = REPORT_SCHEMA_VERSION
+    generated_at: str
+    run: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    breakdown: tuple[dict[str, Any], ...] = ()
+    communication: dict[str, Any] | None = None
+    stragglers: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    system: dict[str, Any] | None = None
+    bottlenecks: tuple[dict[str, Any], ...] = ()
+    recommendations: tuple[dict[str, Any], ...] = ()
+    partial: bool = False
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        return _plain(dataclasses.asdict(self))
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The report as a JSON document (strict JSON: no NaN or Infinity)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReportInfo":
+        """Rebuild a ReportInfo from `to_dict()` output (e.g. a parsed report.json).
+
+        Raises:
+            ConfigError: the document is not a report of this schema version.
+        """
+        if not isinstance(data, dict):
+            raise invalid("report", "a JSON object", type(data).__name__)
+        version = data.get("schema_version")
+        if version != REPORT_SCHEMA_VERSION:
+            raise invalid("report schema_version", f"{REPORT_SCHEMA_VERSION}", version)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise invalid("report key", f"one of {sorted(names)}", unknown[0])
+        kwargs = dict(data)
+        for name in ("breakdown", "bottlenecks", "recommendations", "warnings"):
+            if name in kwargs:
+                kwargs[name] = tuple(kwargs[name])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReportInfo":
+        """Parse a report.json document."""
+        return cls.from_dict(json.loads(text))
+
+
+def build_report_info(analysis: RunAnalysis, *, generated_at: str | None = None) -> ReportInfo:
+    """Collect what the reports show from an analysed run.
+
+    Args:
+        analysis: the result of `torsh_tune.analysis.analyze_run`.
+        generated_at: ISO-8601 time stamp to record (default: now, UTC).
+
+    Returns:
+        The ReportInfo; its values are plain JSON types.
+
+    Example:
+        >>> from torsh_tune.analysis import analyze_run  # doctest: +SKIP
+        >>> info = build_report_info(analyze_run("torsh-runs/my-run"))  # doctest: +SKIP
+        >>> write_markdown(info, "report.md")  # doctest: +SKIP
+    """
+    a = analysis
+    stamp = generated_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return ReportInfo(
+        generated_at=stamp,
+        run=_plain(_run_section(a)),
+        config=_plain(a.info.get("config") or {}),
+        summary=_plain(_summary(a)),
+        breakdown=tuple(_plain(_breakdown_rows(a))),
+        communication=_plain(_communication(a)),
+        stragglers=_plain(_stragglers(a)),
+        memory=_plain(_memory(a)),
+        system=_plain(dataclasses.asdict(a.system)) if a.system is not None else None,
+        bottlenecks=tuple(_plain([dataclasses.asdict(b) for b in a.bottlenecks])),
+        recommendations=tuple(_plain([dataclasses.asdict(r) for r in a.recommendations])),
+        partial=bool(a.partial),
+        warnings=tuple(str(w) for w in a.warnings),
+    )
+
+
+def _run_section(a: RunAnalysis) -> dict[str, Any]:
+    info = a.info
+    outcome = info.get("outcome") if isinstance(info.get("outcome"), dict) else {}
+    config = info.get("config") if isinstance(info.get("config"), dict) else {}
+    ddp_logging = a.comm.ddp_logging if a.comm is not None and a.comm.ddp_logging else {}
+    backend = ddp_logging.get("backend_name") or (config.get("launch") or {}).get("backend")
+    run: dict[str, Any] = {
+        "name": a.name,
+        "run_dir": a.run_dir,
+        "status": a.status,
+        "world_size": a.world_size,
+        "backend": backend,
+        "device": a.memory.device if a.memory is not None else None,
+    }
+    for key in _RUN_KEYS:
+        run[key] = info.get(key)
+    run["message"] = outcome.get("message") or None
+    ranks = outcome.get("ranks")
+    run["rank_status"] = {str(k): v for k, v in ranks.items()} if isinstance(ranks, dict) else {}
+    run["versions"] = info.get("versions") if isinstance(info.get("versions"), dict) else {}
+    run["hardware"] = {key: info.get(key) for key in _HARDWARE_KEYS}
+    return run
+
+
+def _summary(a: RunAnalysis) -> dict[str, Any] | None:
+    st = a.steps
+    if st is None:
+        return None
+    out = dataclasses.asdict(st)
+    out["iqr_pct"] = 100 * st.iqr_step_s / st.median_step_s if st.median_step_s > 0 else None
+    out["cv_pct"] = 100 * st.std_step_s / st.mean_step_s if st.mean_step_s > 0 else None
+    medians = [r.get("median_step_s") for r in (a.stragglers.per_rank if a.stragglers else ())]
+    medians = [m for m in medians if isinstance(m, (int, float)) and math.isfinite(m)]
+    out["rank_spread_pct"] = (
+        100 * (max(medians) - min(medians)) / min(medians) if len(medians) > 1 and min(medians) > 0 else None
+    )
+    return out
+
+
+def _breakdown_rows(a: RunAnalysis) -> list[dict[str, Any]]:
+    bd = a.breakdown
+    if bd is None:
+        return []
+    # PHASES order first, then anything an analyzer added after the contract was written.
+    phases = [p for p in PHASES if p in bd.phases_s] + [p for p in bd.phases_s if p not in PHASES]
+    return [{"phase": p, "time_s": bd.phases_s.get(p), "pct": bd.phases_pct.get(p)} for p in phases]
+
+
+def _communication(a: RunAnalysis) -> dict[str, Any] | None:
+    if a.comm is None:
+        return None
+    out = dataclasses.asdict(a.comm)
+    out["wait_by_rank"] = [{"rank": int(r), "wait_s": s} for r, s in sorted(out.pop("wait_by_rank_s", {}).items())]
+    return out
+
+
+def _stragglers(a: RunAnalysis) -> dict[str, Any] | None:
+    return dataclasses.asdict(a.stragglers) if a.stragglers is not None else None
+
+
+def _memory(a: RunAnalysis) -> dict[str, Any] | None:
+    m = a.memory
+    if m is None:
+        return None
+    return {
+        "device": m.device,
+        "capacity_bytes": m.capacity_bytes,
+        "peak_pct": m.peak_pct,
+        "per_rank": [{"rank": int(r), "peak_bytes": b} for r, b in sorted(m.peak_bytes_by_rank.items())],
+    }
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-type copy: string dict keys, lists for sequences, None for NaN/inf, numpy scalars unwrapped."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    item = getattr(value, "item", None)  # numpy/pandas scalars, without importing numpy here
+    if callable(item):
+        try:
+            return _plain(item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)

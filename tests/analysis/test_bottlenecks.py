@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import pytest
+
+from torsh_tune.analysis import (
+    CATEGORIES,
+    SEVERITIES,
+    Breakdown,
+    CommStats,
+    MemoryStats,
+    StragglerStats,
+    SystemStats,
+    analyze_run,
+    diagnose,
+)
+from torsh_tune.config import ThresholdsConfig
+
+from .conftest import DATA, SCENARIOS
+
+
+def _top(name, **kw):
+    return analyze_run(DATA / name, **kw).bottlenecks[0]
+
+
+def _severe(analysis):
+    return [b for b in analysis.bottlenecks if b.severity in ("critical", "high")]
+
+
+def _bd(**pct):
+    phases = dict(data=0.0, forward=0.0, backward_compute=0.0, exposed_comm=0.0, optimizer=0.0, other=0.0)
+    phases.update(pct)
+    return Breakdown(phases_s={k: v / 100 for k, v in phases.items()}, phases_pct=phases, step_s=1.0)
+
+
+def _comm(*, transfer_s=0.1, wait_s=0.0, busbw_gbps=10.0):
+    return CommStats(num_collectives_per_step=3, bytes_per_step=3e6, comm_s=0.4, exposed_comm_s=0.3,
+                     overlap_pct=25.0, transfer_s=transfer_s, wait_s=wait_s, busbw_gbps=busbw_gbps,
+                     algbw_gbps=busbw_gbps, hooks=("allreduce",), ddp_logging=None, last_transfer_s=0.05)
+
+
+def test_healthy_compute_bound_run_raises_nothing_severe():
+    a = analyze_run(DATA / "healthy")
+    assert _severe(a) == []
+    assert [(b.category, b.severity) for b in a.bottlenecks] == [("computation", "low")]
+    assert "compute-bound" in a.bottlenecks[0].message
+
+
+def test_data_bound_run_is_io_critical():
+    top = _top("data_bound")
+    assert (top.category, top.severity) == ("io", "critical")
+    assert top.evidence["data_wait_pct"] > 30 and top.ranks == (0, 1)
+
+
+def test_comm_bound_run_is_communication_then_network():
+    a = analyze_run(DATA / "comm_bound")
+    assert (a.bottlenecks[0].category, a.bottlenecks[0].severity) == ("communication", "critical")
+    net = next(b for b in a.bottlenecks if b.category == "network")
+    assert net.evidence["transfer_share_pct"] > 95
+    assert net.evidence["busbw_gbps"] < net.evidence["reference_busbw_gbps"]
+    assert not any(b.category == "straggler" for b in a.bottlenecks)
+
+
+def test_straggler_run_blames_the_straggler_not_communication():
+    a = analyze_run(DATA / "straggler")
+    top = a.bottlenecks[0]
+    assert top.category == "straggler" and top.ranks == (2,)
+    assert top.severity in ("high", "critical")
+    assert top.evidence["skew_share_pct"] > 50 and top.evidence["last_share_pct"] == 100.0
+    # The other ranks do spend a lot of the step in collectives ...
+    assert a.breakdown.phases_pct["exposed_comm"] > 20
+    # ... but that is waiting for rank 2, so neither communication nor network is severe.
+    assert not [b for b in _severe(a) if b.category in ("communication", "network")]
+
+
+def test_straggler_without_attribution_would_look_like_communication():
+    # Same numbers as a straggler run, but no consistent last rank: skew stays communication.
+    comm = _comm(transfer_s=0.01, wait_s=0.09)
+    found = diagnose(breakdown=_bd(exposed_comm=40, forward=30, backward_compute=30), comm=comm, world_size=4)
+    assert found[0].category == "communication" and "skew" in found[0].message
+    strag = StragglerStats(per_rank=tuple({"rank": r, "median_step_s": 1.0, "median_compute_s": 0.6 if r == 2 else 0.3,
+                                           "lateness_s": 0.3 if r == 2 else 0.0, "last_count": 10 if r == 2 else 0}
+                                          for r in range(4)),
+                           slowest_rank=2, last_share_pct=100.0, lateness_pct=30.0)
+    found = diagnose(breakdown=_bd(exposed_comm=40, forward=30, backward_compute=30), comm=comm,
+                     stragglers=strag, world_size=4)
+    assert found[0].category == "straggler"
+    assert "communication" not in [b.category for b in found if b.severity != "low"]
+
+
+def test_straggler_needs_to_be_last_in_half_the_steps():
+    rows = tuple({"rank": r, "median_step_s": 1.0, "median_compute_s": 0.5, "lateness_s": 0.2 if r == 1 else 0.0,
+                  "last_count": 4 if r == 1 else 2} for r in range(4))
+    jitter = StragglerStats(per_rank=rows, slowest_rank=1, last_share_pct=40.0, lateness_pct=20.0)
+    assert not [b for b in diagnose(breakdown=_bd(forward=50), stragglers=jitter, world_size=4)
+                if b.category == "straggler"]
+    consistent = StragglerStats(per_rank=rows, slowest_rank=1, last_share_pct=60.0, lateness_pct=20.0)
+    found = [b for b in diagnose(breakdown=_bd(forward=50), stragglers=consistent, world_size=4)
+             if b.category == "straggler"]
+    assert found[0].severity == "high"
+    critical = StragglerStats(per_rank=rows, slowest_rank=1, last_share_pct=60.0, lateness_pct=31.0)
+    assert diagnose(breakdown=_bd(forward=50), stragglers=critical, world_size=4)[0].severity == "critical"
+
+
+@pytest.mark.parametrize(("exposed", "severity"), [(10, None), (20, "medium"), (35, "high"), (55, "critical")])
+def test_communication_levels(exposed, severity):
+    found = diagnose(breakdown=_bd(exposed_comm=exposed, backward_compute=100 - exposed), comm=_comm(), world_size=2)
+    got = [b.severity for b in found if b.category == "communication"]
+    assert got == ([severity] if severity else [])
+
+
+def test_thresholds_come_from_the_config():
+    lenient = ThresholdsConfig(io_high_pct=40.0, io_critical_pct=60.0)
+    a = analyze_run(DATA / "data_bound", thresholds=lenient)
+    assert not [b for b in a.bottlenecks if b.category == "io"]
+
+
+@pytest.mark.parametrize(("peak", "severity"), [(80.0, None), (90.0, "high"), (96.0, "critical")])
+def test_memory_levels(peak, severity):
+    mem = MemoryStats(device="cuda", peak_bytes_by_rank={0: int(peak), 1: 50}, capacity_bytes=100, peak_pct=peak)
+    found = [b for b in diagnose(breakdown=_bd(forward=50), memory=mem, world_size=2) if b.category == "memory"]
+    assert [b.severity for b in found] == ([severity] if severity else [])
+    if found:
+        assert found[0].ranks == (0,) and found[0].evidence["peak_pct"] == peak
+
+
+def test_gpu_utilisation_only_with_gpu_data():
+    cpu = SystemStats(cpu_pct_mean=90.0, sys_cpu_pct_mean=50.0, gpu_util_pct_mean=None, gpu_power_w_mean=None)
+    assert all("gpu_util_pct" not in b.evidence for b in diagnose(breakdown=_bd(forward=90), system=cpu))
+    gpu = SystemStats(cpu_pct_mean=90.0, sys_cpu_pct_mean=50.0, gpu_util_pct_mean=60.0, gpu_power_w_mean=200.0)
+    found = [b for b in diagnose(breakdown=_bd(forward=90), system=gpu) if "gpu_util_pct" in b.evidence]
+    assert found[0].severity == "medium" and found[0].evidence["gpu_util_pct"] == 60.0
+
+
+def test_pipeline_bubble_compares_with_theory():
+    assert not [b for b in diagnose(breakdown=_bd(forward=90)) if b.category == "pipeline_bubble"]
+    found = [b for b in diagnose(breakdown=_bd(forward=90), pipeline={"stages": 4, "microbatches": 4, "bubble_pct": 50.0})
+             if b.category == "pipeline_bubble"]
+    ev = found[0].evidence
+    assert ev["theoretical_bubble_pct"] == pytest.approx(100 * 3 / 7, abs=0.01)
+    assert ev["excess_bubble_pct"] == pytest.approx(50 - 100 * 3 / 7, abs=0.01)
+    assert found[0].severity == "high"
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_bottlenecks_are_well_formed_and_severity_sorted(name):
+    a = analyze_run(DATA / name)
+    order = [SEVERITIES.index(b.severity) for b in a.bottlenecks]
+    assert order == sorted(order)
+    for b in a.bottlenecks:
+        assert b.category in CATEGORIES and b.evidence and b.message
+        assert all(r in range(a.world_size) for r in b.ranks)

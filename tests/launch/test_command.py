@@ -1,0 +1,138 @@
+"""torchrun command line, launcher templates and the ranks' environment."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
+from torsh_tune.errors import LaunchError
+from torsh_tune.launch import (
+    BOOTSTRAP_MODULE,
+    ENV_RUN_ID,
+    apply_launcher_template,
+    build_run_env,
+    build_torchrun_command,
+    new_run_id,
+    write_config_json,
+)
+from torsh_tune.rundir import ENV_CONFIG, ENV_RUN_DIR, new_run_dir
+
+
+def _opt(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_standalone_command(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "train.py", name="r1")
+    script = tmp_path / "train.py"
+    cfg = RunConfig(launch=LaunchConfig(nproc_per_node=4, max_restarts=2), budget=BudgetConfig(kill_grace_s=2.5))
+    cmd = build_torchrun_command(cfg, script, [], run_dir=rd, python="/usr/bin/python3")
+
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd
+    for flag in ("--nnodes", "--rdzv-endpoint", "--rdzv-id", "--node-rank"):
+        assert flag not in cmd
+    assert _opt(cmd, "--nproc-per-node") == "4"
+    assert _opt(cmd, "--max-restarts") == "2"
+    assert _opt(cmd, "--shutdown-timeout") == "3"  # ceil of the kill grace
+    assert _opt(cmd, "--tee") == "3"
+    assert Path(_opt(cmd, "--log-dir")).is_relative_to(rd.logs)
+    assert cmd[-3:] == ["-m", BOOTSTRAP_MODULE, str(script.resolve())]
+
+
+def test_multi_node_command(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "train.py", name="job-7")
+    cfg = RunConfig(
+        launch=LaunchConfig(nproc_per_node=8, nnodes=2, node_rank=1, rdzv_endpoint="node0:29400")
+    )
+    cmd = build_torchrun_command(cfg, Path("train.py"), [], run_dir=rd)
+
+    assert "--standalone" not in cmd
+    assert _opt(cmd, "--nnodes") == "2"
+    assert _opt(cmd, "--node-rank") == "1"
+    assert _opt(cmd, "--rdzv-backend") == "c10d"
+    assert _opt(cmd, "--rdzv-endpoint") == "node0:29400"
+    assert _opt(cmd, "--rdzv-id") == "job-7"  # defaults to the run name, shared by all nodes
+    assert cmd[0] == sys.executable
+
+    explicit = cfg.replace(launch={**cfg.to_dict()["launch"], "rdzv_id": "abc", "node_rank": None})
+    cmd2 = build_torchrun_command(explicit, Path("train.py"), [], run_dir=rd)
+    assert _opt(cmd2, "--rdzv-id") == "abc"
+    assert "--node-rank" not in cmd2
+
+
+def test_script_args_pass_through_untouched(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "train.py")
+    args = ["--hidden", "5", "--steps", "x", "--nproc-per-node", "7", "-m", "a b", "--standalone"]
+    cmd = build_torchrun_command(RunConfig(), tmp_path / "train.py", args, run_dir=rd)
+    i = cmd.index(BOOTSTRAP_MODULE)
+    assert cmd[i + 2 :] == args
+    # the launcher's own options all precede the script
+    assert cmd.index("--nproc-per-node") < i and cmd.count("--standalone") == 2
+
+    # torchrun's parser really leaves them to the script (REMAINDER after the script)
+    from torch.distributed.run import get_args_parser
+
+    parsed = get_args_parser().parse_args(cmd[3:])
+    assert parsed.training_script == BOOTSTRAP_MODULE
+    assert parsed.training_script_args == [str((tmp_path / "train.py").resolve()), *args]
+    assert parsed.nproc_per_node == "1"
+
+
+def test_launcher_template(tmp_path: Path) -> None:
+    cmd = ["python", "-m", "torch.distributed.run", "/my dir/train.py", "--name", "it's"]
+    wrapped = apply_launcher_template("srun -N2 --ntasks-per-node=1 {cmd}", cmd)
+    assert wrapped == ["srun", "-N2", "--ntasks-per-node=1", *cmd]
+
+    # a real wrapper runs the command with every argument intact (no shell involved)
+    code = "import os, sys; print(sys.argv[1:], os.environ['TT_X'])"
+    out = subprocess.run(
+        apply_launcher_template("env TT_X=1 {cmd}", [sys.executable, "-c", code, "a b", "it's", "$HOME"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.strip() == str(["a b", "it's", "$HOME"]) + " 1"
+
+    with pytest.raises(LaunchError, match=r"\{cmd\}"):
+        apply_launcher_template("srun -N2", cmd)
+    with pytest.raises(LaunchError, match="shell-quoted"):
+        apply_launcher_template("srun 'unclosed {cmd}", cmd)
+
+
+def test_env_and_config_json(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "train.py")
+    cfg = RunConfig(launch=LaunchConfig(nproc_per_node=2, env={"NCCL_ALGO": "Ring", "PYTHONUNBUFFERED": "0"}))
+    path = write_config_json(cfg, rd)
+    run_id = new_run_id(rd)
+    env = build_run_env(cfg, rd, run_id=run_id, base={"PATH": "/bin", "NCCL_ALGO": "Tree"})
+
+    assert path == rd.config_json
+    assert RunConfig.from_json(path.read_text()) == cfg
+    assert json.loads(path.read_text())["launch"]["nproc_per_node"] == 2
+    assert env["PATH"] == "/bin"
+    assert env["NCCL_ALGO"] == "Ring"  # config beats the inherited environment
+    assert env["PYTHONUNBUFFERED"] == "1"  # live output is not negotiable
+    assert env[ENV_RUN_DIR] == str(rd.path.resolve())
+    assert env[ENV_CONFIG] == str(rd.config_json.resolve())
+    assert env[ENV_RUN_ID] == run_id
+    assert run_id != new_run_id(rd)
+    assert env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
+    assert all(isinstance(v, str) for v in env.values())
+
+
+def test_launch_does_not_import_torch() -> None:
+    code = "import sys, torsh_tune.launch; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_shlex_join_is_what_templates_receive() -> None:
+    cmd = ["a", "b c"]
+    assert apply_launcher_template("x {cmd} y", cmd) == ["x", *shlex.split(shlex.join(cmd)), "y"]

@@ -1,0 +1,268 @@
+"""launch_run with real torchrun, 2 ranks on this machine: output, failures, stops, leftovers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
+from torsh_tune.launch import ENV_RUN_ID, Progress, RunOutcome, launch_run
+from torsh_tune.rundir import RunDir, new_run_dir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _config(**budget: float) -> RunConfig:
+    budget.setdefault("kill_grace_s", 1.0)
+    return RunConfig(launch=LaunchConfig(nproc_per_node=2), budget=BudgetConfig(**budget))
+
+
+def _survivors(run_id: str) -> list[int]:
+    """Live processes carrying the run's marker (checked independently of the launcher)."""
+    pids = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(ENV_RUN_ID) == run_id:
+                pids.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return pids
+
+
+class Launched:
+    def __init__(self, outcome: RunOutcome, run_dir: RunDir, lines: list[str], progress: list[Progress]) -> None:
+        self.outcome, self.run_dir, self.lines, self.progress = outcome, run_dir, lines, progress
+        self.info = json.loads(run_dir.run_json.read_text())
+
+    def log(self, rank: int) -> str:
+        return self.run_dir.rank_log(rank).read_text()
+
+
+def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] = (), on_progress=None) -> Launched:
+    script = tmp_path / "script.py"
+    header = "import os, sys, time, signal, json, subprocess\nRANK = int(os.environ['RANK'])\n"
+    script.write_text(header + textwrap.dedent(body))
+    rd = new_run_dir(tmp_path / "runs", script)
+    lines: list[str] = []
+    progress: list[Progress] = []
+
+    def record(p: Progress) -> None:
+        progress.append(p)
+        if on_progress is not None:
+            on_progress(p)
+
+    outcome = launch_run(config, rd, script, list(args), argv=["torsh-tune", "script.py"], echo=lines.append,
+                         on_progress=record)
+    launched = Launched(outcome, rd, lines, progress)
+    # whatever happened, nothing of the run survives and run.json tells how it ended
+    assert _survivors(launched.info["run_id"]) == []
+    assert launched.info["status"] == outcome.status
+    assert launched.info["outcome"] == json.loads(json.dumps(outcome.to_dict()))
+    assert launched.info["finished_at"] is not None
+    return launched
+
+
+def test_output_is_prefixed_live_and_filed_per_rank(tmp_path: Path) -> None:
+    run = _launch(
+        tmp_path,
+        """
+        print(f"hello from {RANK} args={sys.argv[1:]}")
+        print(f"warning on {RANK}", file=sys.stderr)
+        """,
+        _config(),
+        args=("--hidden", "5", "--steps", "x"),
+    )
+    assert run.outcome.status == "ok", run.outcome
+    assert run.outcome.returncode == 0 and run.outcome.ranks == {0: "ok", 1: "ok"}
+    for r in (0, 1):
+        expected = f"hello from {r} args=['--hidden', '5', '--steps', 'x']"
+        assert f"[rank{r}]:{expected}" in run.lines
+        assert f"[rank{r}]:warning on {r}" in run.lines
+        log = run.log(r).splitlines()
+        assert expected in log and f"warning on {r}" in log
+        assert not any(line.startswith("[rank") for line in log)
+    launcher = (run.run_dir.logs / "launcher.log").read_text()
+    assert "hello from" not in launcher
+    assert all(line in run.lines for line in launcher.splitlines())  # torchrun's own lines are shown too
+    assert run.info["script_args"] == ["--hidden", "5", "--steps", "x"]
+    assert run.info["argv"] == ["torsh-tune", "script.py"]
+    script = str((tmp_path / "script.py").resolve())
+    assert run.info["command"][-5:] == [script, "--hidden", "5", "--steps", "x"] == [run.info["script"], *run.info["script_args"]]
+    assert json.loads(run.run_dir.config_json.read_text())["launch"]["nproc_per_node"] == 2
+
+
+def test_progress_from_step_files_keeps_a_slow_run_alive(tmp_path: Path) -> None:
+    # 14 records 0.6 s apart span longer than the no-progress timeout: only the growth
+    # of the step files keeps the run from being declared hung.
+    run = _launch(
+        tmp_path,
+        """
+        path = os.path.join(os.environ["TORSH_TUNE_RUN_DIR"], "ranks", f"rank{RANK:05d}.steps.jsonl")
+        for step in range(14):
+            with open(path, "a") as f:
+                f.write(json.dumps({"rank": RANK, "step": step, "step_s": 0.5 + step / 100}) + "\\n")
+            time.sleep(0.6)
+        """,
+        _config(no_progress_timeout_s=8.0),  # well above torchrun + torch start-up
+    )
+    assert run.outcome.status == "ok", run.outcome
+    final = run.progress[-1]
+    assert (final.steps_done, final.ranks_reporting, final.last_step_s) == (14, 2, pytest.approx(0.63))
+    assert any(0 < p.steps_done < 14 for p in run.progress)  # seen while running, not only at the end
+    assert [p.elapsed_s for p in run.progress] == sorted(p.elapsed_s for p in run.progress)
+
+
+def test_exception_on_one_rank(tmp_path: Path) -> None:
+    run = _launch(
+        tmp_path,
+        """
+        if RANK == 1:
+            raise ValueError("bad shape on rank one")
+        time.sleep(30)
+        """,
+        _config(),
+    )
+    out = run.outcome
+    assert (out.status, out.failing_rank) == ("script_error", 1), out
+    assert out.message == "ValueError: bad shape on rank one"
+    assert any("ValueError: bad shape on rank one" in line for line in out.stderr_tail)
+    assert out.ranks[1] == "error" and out.returncode != 0
+
+
+def test_rank_killed_by_a_signal(tmp_path: Path) -> None:
+    run = _launch(
+        tmp_path,
+        """
+        if RANK == 1:
+            print("about to die", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)
+        """,
+        _config(),
+    )
+    out = run.outcome
+    assert (out.status, out.failing_rank, out.signal) == ("signal", 1, "SIGKILL"), out
+    assert "SIGKILL" in out.message and "about to die" in out.stderr_tail
+    assert out.ranks[1] == "signal"
+
+
+def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
+    # rank 1 ignores SIGTERM and leaves a detached grandchild in its own session: both
+    # must still be gone after the stop.
+    run = _launch(
+        tmp_path,
+        """
+        if RANK == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            print(f"grandchild {child.pid}", flush=True)
+        time.sleep(120)
+        """,
+        _config(timeout_s=8.0, kill_grace_s=1.0),
+    )
+    out = run.outcome
+    assert out.status == "timeout", out
+    assert "budget.timeout_s=8" in out.message
+    assert out.ranks == {0: "stopped", 1: "stopped"}
+    grandchild = [int(line.split()[-1]) for line in run.log(1).splitlines() if line.startswith("grandchild")]
+    assert len(grandchild) == 1
+    try:
+        assert psutil.Process(grandchild[0]).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+
+
+def test_no_progress_is_a_hang(tmp_path: Path) -> None:
+    run = _launch(tmp_path, "time.sleep(120)\n", _config(no_progress_timeout_s=3.0))
+    assert run.outcome.status == "hang", run.outcome
+    assert "no_progress_timeout_s=3" in run.outcome.message
+    assert run.outcome.returncode is not None
+
+
+def test_keyboard_interrupt_stops_the_run(tmp_path: Path) -> None:
+    calls = []
+
+    def interrupt(p: Progress) -> None:
+        calls.append(p)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    run = _launch(tmp_path, "time.sleep(120)\n", _config(), on_progress=interrupt)
+    assert run.outcome.status == "interrupted", run.outcome
+    assert len(calls) == 3  # no further callbacks after the interrupt
+
+
+def test_config_error_on_a_rank(tmp_path: Path) -> None:
+    run = _launch(
+        tmp_path,
+        """
+        from torsh_tune.errors import invalid
+        if RANK == 1:
+            raise invalid("launch.backend", "gloo without CUDA", "nccl")
+        time.sleep(30)
+        """,
+        _config(),
+    )
+    out = run.outcome
+    assert (out.status, out.failing_rank) == ("config_error", 1), out
+    assert out.message == "launch.backend must be gloo without CUDA, but got 'nccl'"
+
+
+def test_launch_errors(tmp_path: Path) -> None:
+    # the launcher template's program fails before any rank starts
+    cfg = RunConfig(launch=LaunchConfig(nproc_per_node=2, launcher="false {cmd}"))
+    run = _launch(tmp_path, "print('never')\n", cfg)
+    assert run.outcome.status == "launch_error", run.outcome
+    assert run.outcome.returncode == 1 and "before starting the script" in run.outcome.message
+    # the program cannot be started at all
+    cfg = RunConfig(launch=LaunchConfig(nproc_per_node=2, launcher="/nonexistent/launcher {cmd}"))
+    run = _launch(tmp_path, "print('never')\n", cfg)
+    assert run.outcome.status == "launch_error" and run.outcome.returncode is None
+    assert "/nonexistent/launcher" in run.outcome.message
+
+
+def test_missing_script_is_a_config_error(tmp_path: Path) -> None:
+    from torsh_tune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="script must be an existing file"):
+        launch_run(_config(), new_run_dir(tmp_path, "x.py"), tmp_path / "missing.py", [])
+
+
+
+def test_sigterm_to_the_supervisor_stops_the_job(tmp_path: Path) -> None:
+    # A scheduler or closed terminal signals the supervisor; the job (in its own session)
+    # must not be orphaned.
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, time\nprint('rank up', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    driver = textwrap.dedent(
+        f"""
+        import sys
+        from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
+        from torsh_tune.launch import launch_run
+        from torsh_tune.rundir import RunDir
+        cfg = RunConfig(launch=LaunchConfig(nproc_per_node=2), budget=BudgetConfig(kill_grace_s=1.0))
+        out = launch_run(cfg, RunDir({str(tmp_path / "run")!r}), {str(script)!r}, [])
+        print("STATUS", out.status, out.message, flush=True)
+        """
+    )
+    (tmp_path / "run").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "rank up" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=30)[0]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert "STATUS interrupted the supervisor received SIGTERM" in rest, seen + [rest]
+    assert info["status"] == "interrupted"
+    assert _survivors(info["run_id"]) == []

@@ -1,0 +1,128 @@
+"""The real `torsh-tune` CLI end to end: bad input, planted bottlenecks, a crashing rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import EXAMPLES, SCRIPTS, run_cli
+
+
+def _one_line_error(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("torsh-tune: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["profile", "missing.py"], "SCRIPT must be an existing Python file, but got 'missing.py'"),
+        (["profile", "README.md"], "SCRIPT must be a Python file ending in .py"),
+        (["profile", "--steps", "0", "x.py"], "--steps: must be an integer >= 1, but got 0"),
+        (["profile", "--steps", "many", "x.py"], "--steps: must be an integer >= 1, but got 'many'"),
+        (["profile", "--frobnicate", "x.py"], "unrecognized arguments: --frobnicate"),
+        (["profile", "--backend", "nccl", str(SCRIPTS / "train_small.py")], "--backend must be gloo or auto when CUDA is not available"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_and_creates_nothing(tmp_path, args, expected):
+    repo = Path(__file__).resolve().parents[1]
+    proc = run_cli(*args[:1], "--runs-dir", str(tmp_path / "runs"), *args[1:], cwd=repo, timeout=60)
+    assert expected in _one_line_error(proc)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_syntax_error_in_script_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ndef f(:\n    pass\n")
+    line = _one_line_error(run_cli("profile", "--runs-dir", str(tmp_path / "runs"), str(bad), timeout=60))
+    assert f"SyntaxError at {bad}:2" in line
+
+
+def test_script_asking_for_nccl_without_cuda_is_one_line(tmp_path):
+    proc = run_cli("profile", "--nproc-per-node", "2", "--runs-dir", str(tmp_path / "runs"),
+                   str(SCRIPTS / "train_small.py"), "--backend", "nccl", timeout=120)
+    line = _one_line_error(proc)
+    assert "process-group backend must be gloo when CUDA is not available" in line
+
+
+def test_existing_run_name_is_never_overwritten(tmp_path):
+    runs = tmp_path / "runs"
+    (runs / "keep").mkdir(parents=True)
+    (runs / "keep" / "precious.txt").write_text("data")
+    proc = run_cli("profile", "--runs-dir", str(runs), "--run-name", "keep", str(SCRIPTS / "train_small.py"), timeout=60)
+    assert "--run-name must be the name of a run directory that does not exist yet" in _one_line_error(proc)
+    assert sorted(p.name for p in (runs / "keep").iterdir()) == ["precious.txt"]
+
+
+def _profile(tmp_path: Path, script: Path, *script_args: str, steps: int = 30, warmup: int = 5) -> tuple[dict, Path, object]:
+    runs = tmp_path / "runs"
+    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", str(steps), "--warmup-steps", str(warmup),
+                   "--runs-dir", str(runs), "--run-name", "r", str(script), *script_args, timeout=300,
+                   env={"COLUMNS": "160"})
+    run = runs / "r"
+    report = json.loads((run / "report" / "report.json").read_text())
+    return report, run, proc
+
+
+def _bottlenecks(report: dict) -> list[dict]:
+    return report["bottlenecks"]
+
+
+def test_data_bound_example_is_diagnosed_as_io(tmp_path):
+    report, run, proc = _profile(tmp_path, EXAMPLES / "data_bound.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    top = _bottlenecks(report)[0]
+    assert top["category"] == "io" and top["severity"] in ("high", "critical")
+    rec = next(r for r in report["recommendations"] if r["category"] == "io")
+    assert rec["config_patch"]["dataloader"]["num_workers"] >= 1
+    gain = rec["expected_gain"]
+    # The measured data wait bounds what any loader change can save.
+    assert 0 <= gain["low_pct"] <= gain["high_pct"] == pytest.approx(top["evidence"]["data_wait_pct"], abs=0.1)
+    assert "median step" in proc.stdout and str(run) in proc.stdout
+
+
+def test_comm_bound_example_is_diagnosed_as_communication(tmp_path):
+    report, run, proc = _profile(tmp_path, EXAMPLES / "comm_bound.py", steps=20, warmup=3)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    top = _bottlenecks(report)[0]
+    assert top["category"] in ("communication", "network") and top["severity"] in ("high", "critical")
+    assert top["evidence"]["exposed_comm_pct"] > 30
+
+
+def test_straggler_example_names_the_slow_rank(tmp_path):
+    report, run, proc = _profile(tmp_path, EXAMPLES / "straggler.py", "--slow-rank", "1", "--delay-ms", "30")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    top = _bottlenecks(report)[0]
+    assert top["category"] == "straggler" and list(top["ranks"]) == [1]
+
+
+def test_healthy_compute_bound_run_raises_no_high_or_critical(tmp_path):
+    report, run, proc = _profile(tmp_path, EXAMPLES / "compute_bound.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    severe = [b for b in _bottlenecks(report) if b["severity"] in ("high", "critical")]
+    assert severe == [], severe
+
+
+def test_crashing_rank_is_classified_reported_and_leaves_no_process(tmp_path):
+    report, run, proc = _profile(tmp_path, SCRIPTS / "train_small.py", "--fail-rank", "1", "--fail-step", "8", steps=50, warmup=2)
+    assert proc.returncode == 1
+    assert "script_error" in proc.stdout and "planted failure on rank 1" in proc.stdout
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "script_error" and info["outcome"]["failing_rank"] == 1
+    assert report["partial"] is True
+    assert (run / "report" / "report.md").is_file()
+    marker = info["run_id"]
+    leftovers = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("TORSH_TUNE_RUN_ID") == marker:
+                leftovers.append(p.pid)
+        except psutil.Error:
+            continue
+    assert leftovers == []
