@@ -149,3 +149,17 @@ def test_bottlenecks_are_well_formed_and_severity_sorted(name):
     for b in a.bottlenecks:
         assert b.category in CATEGORIES and b.evidence and b.message
         assert all(r in range(a.world_size) for r in b.ranks)
+
+
+def test_no_network_claim_without_a_measured_fabric_reference(tmp_path):
+    import json
+    import shutil
+
+    run = tmp_path / "comm_bound"
+    shutil.copytree(DATA / "comm_bound", run)
+    info = json.loads((run / "run.json").read_text())
+    del info["reference_busbw_gbps"]
+    (run / "run.json").write_text(json.dumps(info))
+    a = analyze_run(run)
+    assert a.bottlenecks[0].category == "communication"
+    assert not any(b.category == "network" for b in a.bottlenecks)

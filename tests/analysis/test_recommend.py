@@ -25,7 +25,7 @@ def _all_category_bottlenecks():
     gpu = SystemStats(cpu_pct_mean=90.0, sys_cpu_pct_mean=50.0, gpu_util_pct_mean=60.0, gpu_power_w_mean=200.0)
     found = diagnose(breakdown=_bd(data=20, exposed_comm=35, forward=20, backward_compute=25), comm=_comm(busbw_gbps=0.5),
                      memory=mem, system=gpu, pipeline={"stages": 4, "microbatches": 8, "bubble_pct": 40.0},
-                     world_size=2)
+                     world_size=2, reference_busbw_gbps=1.0)
     return found + analyze_run(DATA / "straggler").bottlenecks + analyze_run(DATA / "healthy").bottlenecks
 
 

@@ -10,7 +10,7 @@ Example:
 """
 
 from ._analyze import analyze_run
-from ._bottlenecks import REFERENCE_BUSBW_GBPS, diagnose
+from ._bottlenecks import diagnose
 from ._comm import aligned_collectives, bus_factor, comm_stats
 from ._load import RunFrames, compact_run, load_run
 from ._recommend import choose_num_workers, recommend
@@ -38,7 +38,6 @@ __all__ = [
     "CATEGORIES",
     "EFFORTS",
     "PHASES",
-    "REFERENCE_BUSBW_GBPS",
     "SEVERITIES",
     "Bottleneck",
     "Breakdown",

@@ -16,12 +16,7 @@ from typing import Any
 from ..config import ThresholdsConfig
 from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
 
-__all__ = ["REFERENCE_BUSBW_GBPS", "diagnose"]
-
-#: Bus bandwidth below which transfer-dominated communication is blamed on the network,
-#: when the run does not state its own reference (run.json "reference_busbw_gbps"):
-#: about half of a PCIe 4 x16 / InfiniBand HDR link for GPUs, loopback TCP for gloo on CPU.
-REFERENCE_BUSBW_GBPS = {"cuda": 12.0, "cpu": 1.0}
+__all__ = ["diagnose"]
 
 # A rank must be the last to arrive in at least this share of steps to be a straggler
 # (otherwise the skew moves between ranks: jitter, not one slow rank).
@@ -56,8 +51,9 @@ def diagnose(
             measured bubble_pct), when the run is pipeline-parallel.
         world_size: number of ranks.
         thresholds: rule thresholds; ThresholdsConfig() by default.
-        reference_busbw_gbps: bus bandwidth the interconnect should reach; by default
-            REFERENCE_BUSBW_GBPS of the memory device.
+        reference_busbw_gbps: bus bandwidth this fabric measurably delivers (run.json
+            "reference_busbw_gbps", written from a `bench` measurement). Without one there is no
+            `network` finding: a low bandwidth is only a claim against something measured.
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -76,9 +72,8 @@ def diagnose(
         found.append(straggler)
     step_s = breakdown.step_s if breakdown else None
     found += _communication(comm, pct, th, all_ranks, step_s, straggler_found=straggler is not None)
-    device = memory.device if memory else "cpu"
-    ref = reference_busbw_gbps if reference_busbw_gbps else REFERENCE_BUSBW_GBPS.get(device, 1.0)
-    found += _network(comm, pct, th, all_ranks, ref, straggler_found=straggler is not None)
+    if reference_busbw_gbps:
+        found += _network(comm, pct, th, all_ranks, reference_busbw_gbps, straggler_found=straggler is not None)
     found += _io(pct, data_wait_by_rank or {}, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)

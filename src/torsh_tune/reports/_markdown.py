@@ -75,7 +75,7 @@ def _run_table(info: ReportInfo) -> list[str]:
         ("world size", _join(run.get("world_size"), _nodes(run))),
         ("backend / device", " / ".join(str(x) for x in (run.get("backend"), run.get("device")) if x) or None),
         ("host", _join(hw.get("hostname"), hw.get("platform"))),
-        ("CPUs / memory", _join(hw.get("cpu_count"), fmt_bytes(hw["mem_total_bytes"]) if hw.get("mem_total_bytes") else None, sep=" / ")),
+        ("CPUs / memory", _join(hw.get("cpu_count"), _bytes_or_none(hw.get("mem_total_bytes")), sep=" / ")),
         ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v) or None),
         ("started", run.get("started_at")),
         ("duration", fmt_s(run["duration_s"]) if run.get("duration_s") is not None else None),
@@ -125,7 +125,8 @@ def _bottlenecks(info: ReportInfo) -> list[str]:
         sev = str(b.get("severity", ""))
         ranks = b.get("ranks") or []
         where = f" — rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}" if ranks else ""
-        out.append(f"### {i}. {_SEVERITY_MARK.get(sev, '')} {sev.upper()}: {b.get('category')}{where}".replace("  ", " "))
+        mark = f"{_SEVERITY_MARK[sev]} " if sev in _SEVERITY_MARK else ""
+        out.append(f"### {i}. {mark}{sev.upper()}: {b.get('category')}{where}")
         out += ["", _inline(b.get("message", "")), ""]
         evidence = b.get("evidence") or {}
         if evidence:
@@ -144,7 +145,8 @@ def _recommendations(info: ReportInfo) -> list[str]:
         gain = r.get("expected_gain") or {}
         out.append(f"### {r.get('priority')}. {_inline(r.get('title', ''))}")
         out.append("")
-        out.append(f"- **expected gain:** {gain_text(gain, median)}" + (f" — bounded by {_inline(gain['basis'])}" if gain.get("basis") else ""))
+        basis = f" — bounded by {_inline(gain['basis'])}" if gain.get("basis") else ""
+        out.append(f"- **expected gain:** {gain_text(gain, median)}{basis}")
         out.append(f"- **effort:** {r.get('effort')} ({_EFFORT_HINT.get(str(r.get('effort')), '')})".replace(" ()", ""))
         out.append(f"- **addresses:** {r.get('category')}")
         if r.get("verified_by"):
@@ -168,7 +170,7 @@ def _communication(info: ReportInfo) -> list[str]:
     rows = [
         ("collectives per step (per rank)", fmt_value("n", c.get("num_collectives_per_step"))),
         ("payload per step (per rank)", fmt_bytes(c.get("bytes_per_step"))),
-        ("on the wire per step", fmt_bytes(c.get("wire_bytes_per_step")) if c.get("wire_bytes_per_step") is not None else None),
+        ("on the wire per step", _bytes_or_none(c.get("wire_bytes_per_step"))),
         ("communication time per step", fmt_s(c.get("comm_s"))),
         ("exposed (not overlapped)", fmt_s(c.get("exposed_comm_s"))),
         ("overlap with compute", fmt_pct(c.get("overlap_pct"))),
@@ -192,7 +194,8 @@ def _stragglers(info: ReportInfo) -> list[str]:
     if slow is not None:
         out.append(
             f"Slowest rank: **{slow}** (last at {fmt_pct(s.get('last_share_pct'))} of the "
-            f"{'collectives' if s.get('basis') == 'comm' else 'steps'}; lateness {fmt_pct(s.get('lateness_pct'))} of the step)."
+            f"{'collectives' if s.get('basis') == 'comm' else 'steps'}; "
+            f"lateness {fmt_pct(s.get('lateness_pct'))} of the step)."
         )
         out.append("")
     out += ["| rank | median step | median compute | lateness | times last |", "|---:|---:|---:|---:|---:|"]
@@ -228,6 +231,10 @@ def _memory_system(info: ReportInfo) -> list[str]:
 def _throughput(s: dict[str, Any]) -> str:
     t = s.get("throughput_samples_s")
     return "–" if t is None else f"{t:,.1f} samples/s" if t < 100 else f"{t:,.0f} samples/s"
+
+
+def _bytes_or_none(n: Any) -> str | None:
+    return fmt_bytes(n) if n is not None else None
 
 
 def _nodes(run: dict[str, Any]) -> str | None:

@@ -29,8 +29,8 @@ def write_reports(
 
     Example:
         >>> paths = write_reports(analyze_run(run), run)  # doctest: +SKIP
-        >>> paths["md"].name
-        'report.md'  # doctest: +SKIP
+        >>> str(paths["md"].relative_to(run))  # doctest: +SKIP
+        'report/report.md'
     """
     info = info or build_report_info(analysis)
     report = RunDir(run_dir).report
