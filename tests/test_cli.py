@@ -126,3 +126,23 @@ def test_crashing_rank_is_classified_reported_and_leaves_no_process(tmp_path):
         except psutil.Error:
             continue
     assert leftovers == []
+
+
+def test_analyze_foreign_traces_writes_report_and_matches_hta(tmp_path):
+    traces = Path(__file__).resolve().parent / "data" / "traces" / "hta-sampled-2rank"
+    proc = run_cli("analyze", str(traces), "--out", str(tmp_path / "out"), timeout=120, env={"COLUMNS": "160"})
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    by_rank = {row["rank"]: row for row in doc["breakdown"]}
+    assert by_rank[0]["idle_pct"] == pytest.approx(53.56, abs=0.5)  # HTA 0.5.0's number
+    assert (tmp_path / "out" / "analysis.md").read_text().startswith("# Trace analysis")
+    again = run_cli("analyze", str(traces), "--out", str(tmp_path / "out"), timeout=120)
+    assert "--out must be a directory that does not exist yet" in _one_line_error(again)
+
+
+def test_analyze_bad_inputs_are_one_line(tmp_path):
+    assert "must be an existing directory" in _one_line_error(run_cli("analyze", str(tmp_path / "nope"), timeout=60))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rank-0.json").write_text("not json")
+    assert "must be a Kineto/Chrome trace" in _one_line_error(run_cli("analyze", str(bad), timeout=60))

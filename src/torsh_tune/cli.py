@@ -27,7 +27,7 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "report")
+SUBCOMMANDS = ("profile", "report", "analyze")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch_options(prof)
     rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report.")
     rep.add_argument("run", help="A run directory.")
+    ana = sub.add_parser("analyze", help="Analyse a directory of Kineto/Chrome traces (ours or any torch.profiler output).")
+    ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
+    ana.add_argument("--out", help="Directory for analysis.json and analysis.md (default ./torsh-analysis/<name>-<time>); must not exist.")
+    ana.add_argument("--hta-rounding", action="store_true", help="Round sub-microsecond times as HTA does (for parity checks).")
     return parser
 
 
@@ -225,6 +229,43 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .analysis.traces import analyze_traces
+    from .reports._traces import write_trace_reports
+
+    path = Path(args.path)
+    out = Path(args.out) if args.out else Path("torsh-analysis") / f"{path.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if out.exists():
+        raise invalid("--out", "a directory that does not exist yet", str(out))
+    analysis = analyze_traces(path, hta_rounding=args.hta_rounding)
+    console = Console(highlight=False)
+    table = Table(title=f"trace analysis: {path}")
+    for col in ("rank", "idle %", "compute %", "non-compute %", "comm s", "exposed comm s", "overlap %"):
+        table.add_column(col, justify="right")
+    merged = analysis.breakdown.merge(analysis.overlap, on="rank", how="left", suffixes=("", "_o"))
+    for row in merged.to_dict(orient="records"):
+        table.add_row(
+            str(row["rank"]),
+            *(f"{row.get(k, float('nan')):.2f}" for k in ("idle_pct", "compute_pct", "non_compute_pct")),
+            *(f"{row.get(k, float('nan')):.4f}" for k in ("comm_s", "exposed_comm_s")),
+            f"{row.get('overlap_pct', float('nan')):.2f}",
+        )
+    console.print(table)
+    s = analysis.summary
+    if s.get("straggler_rank") is not None:
+        console.print(f"last to arrive at collectives most often: rank {s['straggler_rank']} "
+                      f"({s.get('straggler_last_share_pct', 0):.0f} %)")
+    paths = write_trace_reports(analysis, out)
+    for fmt, p in paths.items():
+        console.print(f"analysis ({fmt}): {p}")
+    return EXIT_OK
+
+
 def _split_default_command(argv: list[str]) -> list[str]:
     """`torsh-tune [OPTS] SCRIPT ...` without a subcommand means the main job."""
     for i, token in enumerate(argv):
@@ -250,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_profile(args, argv)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "analyze":
+            return cmd_analyze(args)
         raise AssertionError(args.command)
     except TorshTuneError as exc:
         if args is not None and args.debug:
