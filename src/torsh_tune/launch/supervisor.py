@@ -174,6 +174,9 @@ class _Supervisor:
         self.on_progress = on_progress
         assert proc.stdout is not None
         self.demux = LogDemux(proc.stdout, run_dir).start()
+        if config.launch.nnodes == 1:  # every rank has a log, also one that printed nothing
+            for rank in range(config.world_size):
+                run_dir.rank_log(rank).touch()
         self.watcher = StepsWatcher(run_dir)
 
     def run(self) -> RunOutcome:
