@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv browser clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
@@ -20,7 +20,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/torsh-tune profile --nproc-per-node 2 --steps 40 --warmup-steps 5 examples/ddp_mlp.py --hidden 512
 
-test: $(STAMP)
+# Debian's Chromium drives the dashboard's browser tests (Playwright never downloads one).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "chromium could not be installed: browser tests will be skipped"; \
+	  else echo "not root or no apt-get: install Debian's chromium to run the browser tests"; fi; \
+	fi
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --timeout 600 tests
 
 clean:
