@@ -35,6 +35,7 @@ __all__ = [
     "dump_toml",
     "help_of",
     "load_config_file",
+    "parse_trace_window",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -90,6 +91,46 @@ class ProfilerConfig:
     system_interval_s: float = _f(1.0, "Seconds between system samples (CPU, RSS, NVML).")
     flush_interval_s: float = _f(1.0, "Records are flushed to disk at least this often.")
     comm_hook_timing: bool = _f(True, "Wrap DDP comm hooks to time every bucket's collective.")
+    trace_window: str | None = _f(
+        None, "Deep-trace steps START:LEN with torch.profiler, e.g. '20:5' traces steps 20-24 (0-based, as in step records)."
+    )
+    trace_every: int | None = _f(None, "Deep-trace trace_len steps every N steps (windows start at steps N, 2N, ...).")
+    trace_len: int = _f(3, "Steps per deep-trace window for trace_every and trace_on_anomaly.")
+    trace_on_anomaly: bool = _f(
+        False, "Deep-trace trace_len steps when a step is slower than trace_anomaly_factor x the running median step."
+    )
+    trace_anomaly_factor: float = _f(2.0, "A step slower than this many times the running median step is an anomaly.")
+    trace_max_windows: int = _f(3, "At most this many anomaly-triggered deep-trace windows per run.")
+    trace_shapes: bool = _f(False, "Record operator input shapes in deep traces (torch.profiler record_shapes).")
+    trace_stack: bool = _f(False, "Record Python stacks in deep traces (torch.profiler with_stack; costly).")
+    trace_memory: bool = _f(False, "Record allocations in deep traces (torch.profiler profile_memory).")
+
+    @property
+    def trace_window_steps(self) -> tuple[int, int] | None:
+        """`trace_window` as (first step, number of steps), or None when unset."""
+        return None if self.trace_window is None else parse_trace_window(self.trace_window)
+
+    @property
+    def traces_enabled(self) -> bool:
+        """Whether any deep-trace window can open in this run."""
+        return self.trace_window is not None or self.trace_every is not None or self.trace_on_anomaly
+
+
+def parse_trace_window(text: str) -> tuple[int, int]:
+    """Parse "START:LEN" (e.g. "20:5": steps 20-24) into (start, length).
+
+    Raises:
+        ConfigError: not two integers START >= 0 and LEN >= 1 separated by a colon.
+    """
+    rule = "START:LEN with integers START >= 0 and LEN >= 1 (e.g. '20:5')"
+    parts = text.split(":") if isinstance(text, str) else []
+    try:
+        start, length = (int(x) for x in parts)
+    except ValueError:
+        raise invalid("profiler.trace_window", rule, text) from None
+    if start < 0 or length < 1:
+        raise invalid("profiler.trace_window", rule, text)
+    return start, length
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +145,7 @@ class ThresholdsConfig:
     io_high_pct: float = _f(10.0, "Data-loading wait above this % of step time is high.")
     io_critical_pct: float = _f(30.0, "Data-loading wait above this % of step time is critical.")
     straggler_pct: float = _f(
-        10.0, "A rank whose compute is slower than the median rank by this % is a straggler."
+        10.0, "A rank later than the others by this % of the step is a straggler (medium; high above 2x, critical above 3x)."
     )
 
 
@@ -185,6 +226,20 @@ class RunConfig:
         for name in ("system_interval_s", "flush_interval_s"):
             if getattr(pr, name) <= 0:
                 raise invalid(f"profiler.{name}", "a number > 0", getattr(pr, name))
+        if pr.trace_window is not None:
+            first, _ = parse_trace_window(pr.trace_window)
+            if bu.steps is not None and first >= bu.warmup_steps + bu.steps:
+                last = bu.warmup_steps + bu.steps - 1
+                raise invalid("profiler.trace_window", f"a window starting by step {last} (the budget's last step)",
+                              pr.trace_window)
+        if pr.trace_len < 1:
+            raise invalid("profiler.trace_len", "an integer >= 1", pr.trace_len)
+        if pr.trace_every is not None and pr.trace_every <= pr.trace_len:
+            raise invalid("profiler.trace_every", f"an integer > profiler.trace_len ({pr.trace_len})", pr.trace_every)
+        if not pr.trace_anomaly_factor > 1.0:
+            raise invalid("profiler.trace_anomaly_factor", "a number > 1", pr.trace_anomaly_factor)
+        if pr.trace_max_windows < 1:
+            raise invalid("profiler.trace_max_windows", "an integer >= 1", pr.trace_max_windows)
         for f in dataclasses.fields(th):
             v = getattr(th, f.name)
             if not 0 <= v <= 100:

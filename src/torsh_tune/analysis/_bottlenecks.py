@@ -116,7 +116,9 @@ def _straggler(st: StragglerStats | None, comm: CommStats | None, pct: dict[str,
     last_share = st.last_share_pct or 0.0
     if excess_pct <= th.straggler_pct or last_share < _LAST_SHARE_MIN_PCT:
         return None
-    severity = "critical" if excess_pct > 3 * th.straggler_pct else "high"
+    # A rank a little behind is worth noting; it only becomes severe when the others lose a
+    # large share of the step to it (on shared hosts ~10 % comes from contention alone).
+    severity = _level(excess_pct, critical=3 * th.straggler_pct, high=2 * th.straggler_pct) or "medium"
     evidence: dict[str, Any] = {
         "slowest_rank": slow,
         "excess_pct": round(excess_pct, 2),
