@@ -37,7 +37,8 @@ def _median_step_s(out: Path, nproc: int, skip: int) -> float:
 def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> float:
     out = work / f"{arm}{i}"
     out.mkdir()
-    script_args = [str(out), str(SCRIPT), "--steps", str(args.steps), "--hidden", str(args.hidden), "--log-every", "100000"]
+    script_args = [str(out), str(SCRIPT), "--steps", str(args.steps), "--hidden", str(args.hidden), "--log-every", "100000",
+                   *args.script_args.split()]
     if arm == "bare":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}", str(TIMER), *script_args]
     else:
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=20, help="warm-up steps excluded from each run's median")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--script-args", default="", help="extra ddp_mlp.py flags, e.g. '--layers 1 --batch-size 8'")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,7 +67,7 @@ def main() -> None:
             res = {arm: run_arm(arm, args, work, i) for arm in order}
             ratio = res["torsh"] / res["bare"]
             rows.append({"pair": i, "order": "/".join(order), "bare_ms": res["bare"] * 1e3, "torsh_ms": res["torsh"] * 1e3,
-                         "overhead_pct": (ratio - 1) * 100})
+                         "overhead_pct": (ratio - 1) * 100, "delta_us": (res["torsh"] - res["bare"]) * 1e6})
             print(f"pair {i}: {rows[-1]['order']:<11} bare {rows[-1]['bare_ms']:8.3f} ms   torsh-tune {rows[-1]['torsh_ms']:8.3f} ms   "
                   f"overhead {rows[-1]['overhead_pct']:+6.2f} %", flush=True)
     ov = sorted(r["overhead_pct"] for r in rows)
@@ -79,6 +81,8 @@ def main() -> None:
         "pairs": args.pairs,
         "median_bare_ms": statistics.median(r["bare_ms"] for r in rows),
         "median_torsh_ms": statistics.median(r["torsh_ms"] for r in rows),
+        "script_args": args.script_args,
+        "delta_us_median": statistics.median(r["delta_us"] for r in rows),
         "overhead_pct_median": statistics.median(ov),
         "overhead_pct_q1": q1,
         "overhead_pct_q3": q3,
@@ -90,6 +94,7 @@ def main() -> None:
     print()
     print(f"{'median step (bare)':<28}{summary['median_bare_ms']:10.3f} ms")
     print(f"{'median step (torsh-tune)':<28}{summary['median_torsh_ms']:10.3f} ms")
+    print(f"{'added per step, median':<28}{summary['delta_us_median']:10.1f} us")
     print(f"{'overhead, median of pairs':<28}{summary['overhead_pct_median']:+10.2f} %  (IQR {q1:+.2f} .. {q3:+.2f}, "
           f"range {ov[0]:+.2f} .. {ov[-1]:+.2f})")
     print(json.dumps(summary))

@@ -17,15 +17,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 from .errors import invalid
 
-__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "RunDir", "new_run_dir"]
+__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "RunDir", "new_run_dir", "write_json_atomic", "write_text_atomic"]
 
 ENV_RUN_DIR = "TORSH_TUNE_RUN_DIR"
 ENV_CONFIG = "TORSH_TUNE_CONFIG"
@@ -112,3 +114,17 @@ def new_run_dir(runs_dir: str | os.PathLike[str], script: str, *, name: str | No
             (path / sub).mkdir()
         return RunDir(path)
     raise AssertionError("could not find a free run directory name")
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` through a temporary file in the same directory: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """`write_text_atomic` of `data` as indented JSON (unknown types as strings)."""
+    return write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")

@@ -21,19 +21,12 @@ from typing import Any
 import psutil
 
 from ..config import RunConfig
-from ..rundir import RunDir
+from ..rundir import RunDir, write_json_atomic
 from .outcome import RunOutcome
 
-__all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "read_run_info", "start_run_info", "write_json_atomic"]
+__all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "read_run_info", "start_run_info"]
 
 RUN_INFO_SCHEMA_VERSION = 1
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file in the same directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 def read_run_info(run_dir: RunDir) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import collections
 import resource
 from typing import Any, Callable
 
-from ._clock import now
 from .writer import RecordWriter
 
 __all__ = ["StepTracker"]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
-from ..rundir import RunDir
+from ..rundir import RunDir, write_json_atomic
 from ._clock import now
 
 __all__ = ["RecordWriter", "write_json_atomic"]
@@ -71,9 +70,3 @@ class RecordWriter:
             stream.file.write("\n".join(lines) + "\n")
             stream.file.flush()
 
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that a reader never sees a half-written file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
