@@ -146,3 +146,24 @@ def test_analyze_bad_inputs_are_one_line(tmp_path):
     bad.mkdir()
     (bad / "rank-0.json").write_text("not json")
     assert "must be a Kineto/Chrome trace" in _one_line_error(run_cli("analyze", str(bad), timeout=60))
+
+
+def test_trace_window_then_analyze_the_run(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", "8", "--warmup-steps", "2", "--trace-window", "4:2",
+                   "--runs-dir", str(runs), "--run-name", "r", str(SCRIPTS / "train_small.py"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "USDT" not in proc.stdout + proc.stderr
+    window = runs / "r" / "traces" / "step00004-00005"
+    assert sorted(p.name for p in window.iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
+    out = tmp_path / "analysis"
+    ana = run_cli("analyze", str(runs / "r"), "--out", str(out), timeout=120)
+    assert ana.returncode == 0, ana.stderr
+    doc = json.loads((out / "analysis.json").read_text())
+    assert doc["summary"]["backend"] == "gloo" and doc["summary"]["num_ranks"] == 2
+    assert doc["summary"]["num_collectives"] >= 2  # one all-reduce per traced step and rank at least
+
+
+def test_bad_trace_window_is_one_line(tmp_path):
+    proc = run_cli("profile", "--trace-window", "abc", "--runs-dir", str(tmp_path / "runs"), str(SCRIPTS / "train_small.py"), timeout=60)
+    assert "trace_window" in _one_line_error(proc)

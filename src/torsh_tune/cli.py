@@ -78,6 +78,16 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     )
     r = p.add_argument_group("profiler and output")
     r.add_argument("--loss-every", type=_POSITIVE_INT, help=help_of(ProfilerConfig, "loss_every"))
+    t = p.add_argument_group("deep-trace windows (torch.profiler)")
+    t.add_argument("--trace-window", metavar="START:LEN", help=help_of(ProfilerConfig, "trace_window"))
+    t.add_argument("--trace-every", type=_POSITIVE_INT, metavar="N", help=help_of(ProfilerConfig, "trace_every"))
+    t.add_argument("--trace-len", type=_POSITIVE_INT, metavar="N", help=help_of(ProfilerConfig, "trace_len"))
+    t.add_argument("--trace-on-anomaly", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_on_anomaly"))
+    t.add_argument("--trace-anomaly-factor", type=_POSITIVE_FLOAT, metavar="K", help=help_of(ProfilerConfig, "trace_anomaly_factor"))
+    t.add_argument("--trace-max-windows", type=_POSITIVE_INT, metavar="N", help=help_of(ProfilerConfig, "trace_max_windows"))
+    t.add_argument("--trace-shapes", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_shapes"))
+    t.add_argument("--trace-stack", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_stack"))
+    t.add_argument("--trace-memory", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_memory"))
     r.add_argument("--config", metavar="FILE", help="TOML or JSON RunConfig; flags override it.")
     r.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
     r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
@@ -126,6 +136,15 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         "timeout": "budget.timeout_s",
         "no_progress_timeout": "budget.no_progress_timeout_s",
         "loss_every": "profiler.loss_every",
+        "trace_window": "profiler.trace_window",
+        "trace_every": "profiler.trace_every",
+        "trace_len": "profiler.trace_len",
+        "trace_on_anomaly": "profiler.trace_on_anomaly",
+        "trace_anomaly_factor": "profiler.trace_anomaly_factor",
+        "trace_max_windows": "profiler.trace_max_windows",
+        "trace_shapes": "profiler.trace_shapes",
+        "trace_stack": "profiler.trace_stack",
+        "trace_memory": "profiler.trace_memory",
     }
     for attr, dotted in mapping.items():
         value = getattr(args, attr, None)
@@ -229,6 +248,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _trace_windows(path: Path) -> list[Path]:
+    """A trace directory, or every window of a run's `traces/` (given the run or its traces dir)."""
+    if (path / "traces").is_dir():
+        path = path / "traces"
+    if path.is_dir():
+        has_files = any(f.is_file() and f.name.endswith((".json", ".json.gz")) for f in path.iterdir())
+        windows = sorted(d for d in path.iterdir() if d.is_dir())
+        if not has_files and windows:
+            return windows
+    return [path]
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     import time
 
@@ -242,27 +273,29 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("torsh-analysis") / f"{path.resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if out.exists():
         raise invalid("--out", "a directory that does not exist yet", str(out))
-    analysis = analyze_traces(path, hta_rounding=args.hta_rounding)
+    windows = _trace_windows(path)
+    analyses = [(w, analyze_traces(w, hta_rounding=args.hta_rounding)) for w in windows]
     console = Console(highlight=False)
-    table = Table(title=f"trace analysis: {path}")
-    for col in ("rank", "idle %", "compute %", "non-compute %", "comm s", "exposed comm s", "overlap %"):
-        table.add_column(col, justify="right")
-    merged = analysis.breakdown.merge(analysis.overlap, on="rank", how="left", suffixes=("", "_o"))
-    for row in merged.to_dict(orient="records"):
-        table.add_row(
-            str(row["rank"]),
-            *(f"{row.get(k, float('nan')):.2f}" for k in ("idle_pct", "compute_pct", "non_compute_pct")),
-            *(f"{row.get(k, float('nan')):.4f}" for k in ("comm_s", "exposed_comm_s")),
-            f"{row.get('overlap_pct', float('nan')):.2f}",
-        )
-    console.print(table)
-    s = analysis.summary
-    if s.get("straggler_rank") is not None:
-        console.print(f"last to arrive at collectives most often: rank {s['straggler_rank']} "
-                      f"({s.get('straggler_last_share_pct', 0):.0f} %)")
-    paths = write_trace_reports(analysis, out)
-    for fmt, p in paths.items():
-        console.print(f"analysis ({fmt}): {p}")
+    for window, analysis in analyses:
+        table = Table(title=f"trace analysis: {window}")
+        for col in ("rank", "idle %", "compute %", "non-compute %", "comm s", "exposed comm s", "overlap %"):
+            table.add_column(col, justify="right")
+        merged = analysis.breakdown.merge(analysis.overlap, on="rank", how="left", suffixes=("", "_o"))
+        for row in merged.to_dict(orient="records"):
+            table.add_row(
+                str(row["rank"]),
+                *(f"{row.get(k, float('nan')):.2f}" for k in ("idle_pct", "compute_pct", "non_compute_pct")),
+                *(f"{row.get(k, float('nan')):.4f}" for k in ("comm_s", "exposed_comm_s")),
+                f"{row.get('overlap_pct', float('nan')):.2f}",
+            )
+        console.print(table)
+        s = analysis.summary
+        if s.get("straggler_rank") is not None:
+            console.print(f"last to arrive at collectives most often: rank {s['straggler_rank']} "
+                          f"({s.get('straggler_last_share_pct', 0):.0f} %)")
+        target = out / window.name if len(analyses) > 1 else out
+        for fmt, p in write_trace_reports(analysis, target).items():
+            console.print(f"analysis ({fmt}): {p}")
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ import torch
 
 from ..config import RunConfig
 from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device, write_json_atomic
+from ..profiler.traces import TraceWindows
 from ..rundir import RunDir
 from .patches import _batch_size
 
@@ -57,6 +58,14 @@ class RankRuntime:
         }
         self.sampler: SystemSampler | None = None
         self._fwd_t0 = 0.0
+        self.traces: TraceWindows | None = None
+        if config.profiler.traces_enabled and run_dir is not None:
+            self.traces = TraceWindows(
+                config=config.profiler, run_dir=run_dir, rank=self.rank, world_size=self.world_size, cuda=self.cuda,
+                warmup_steps=budget.warmup_steps, note=self.note,
+                # Export runs between two steps; the next step record starts after it.
+                restart_step_clock=lambda t: setattr(self.tracker, "_t_start", t),
+            )
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -79,6 +88,9 @@ class RankRuntime:
         """Write the final meta and exit records; safe to call on any path out of the script."""
         if self.sampler is not None:
             self.sampler.stop()
+        if self.traces is not None:
+            self.traces.close()
+            self.meta["trace_windows"] = [w["window"] for w in self.traces.windows]
         if self.writer is None:
             return
         try:

@@ -221,6 +221,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     state = {"t0": 0.0, "owner": None}
     tracker = rt.tracker
     budget_total = rt.budget_total
+    traces = rt.traces
 
     def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         state["t0"] = now()
@@ -239,6 +240,8 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         else:
             done = tracker.end_step(t1)
         rt.steps_done = done
+        if traces is not None:
+            traces.on_step_end(done, t1)
         if budget_total is not None and done >= budget_total:
             raise StepBudgetReached(done)
 
