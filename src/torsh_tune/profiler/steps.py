@@ -56,6 +56,10 @@ class StepTracker:
         if self._t_start is None:
             self._t_start = t
 
+    def restart_clock(self, t: float) -> None:
+        """Start the current step at `t` (time spent between steps, e.g. exporting a trace, is not the step's)."""
+        self._t_start = t
+
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
         self.mark_activity(t0)
         self.data_s += t1 - t0

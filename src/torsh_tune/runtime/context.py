@@ -64,7 +64,7 @@ class RankRuntime:
                 config=config.profiler, run_dir=run_dir, rank=self.rank, world_size=self.world_size, cuda=self.cuda,
                 warmup_steps=budget.warmup_steps, note=self.note,
                 # Export runs between two steps; the next step record starts after it.
-                restart_step_clock=lambda t: setattr(self.tracker, "_t_start", t),
+                restart_step_clock=self.tracker.restart_clock,
             )
 
     # -- lifecycle --------------------------------------------------------------------
