@@ -167,3 +167,22 @@ def test_trace_window_then_analyze_the_run(tmp_path):
 def test_bad_trace_window_is_one_line(tmp_path):
     proc = run_cli("profile", "--trace-window", "abc", "--runs-dir", str(tmp_path / "runs"), str(SCRIPTS / "train_small.py"), timeout=60)
     assert "trace_window" in _one_line_error(proc)
+
+
+def test_compare_gates_on_a_planted_regression(tmp_path):
+    import shutil
+
+    base = Path(__file__).resolve().parent / "data" / "recorded" / "compute_bound"
+    same = run_cli("compare", str(base), str(base), "--format", "json", timeout=120)
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["regressed"] is False
+    slow = tmp_path / "slow"
+    shutil.copytree(base, slow)
+    for path in (slow / "ranks").glob("*.steps.jsonl"):
+        rows = [json.loads(l) for l in path.read_text().splitlines()]
+        for r in rows:  # every step 40 % slower: the extra time lands in "other"
+            r["step_s"] *= 1.4
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    worse = run_cli("compare", str(base), str(slow), "--fail-on-regression", "5", timeout=120)
+    assert worse.returncode == 1, worse.stdout + worse.stderr
+    assert "regressed" in worse.stdout

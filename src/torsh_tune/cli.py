@@ -27,7 +27,8 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "report", "analyze")
+SUBCOMMANDS = ("profile", "report", "analyze", "compare")
+RUN_END_FORMATS = ("json", "md", "html")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch_options(prof)
     rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report.")
     rep.add_argument("run", help="A run directory.")
+    rep.add_argument("--format", action="append", choices=("json", "md", "html", "csv", "parquet"), dest="formats",
+                     help="Output format; repeat for several (default: json, md and html).")
+    rep.add_argument("--out", help="Write into this directory instead of RUN/report.")
+    cmp_ = sub.add_parser("compare", help="Compare two runs (or a run and a baseline report.json) with noise-aware verdicts.")
+    cmp_.add_argument("a", help="Baseline: a run directory or a report.json.")
+    cmp_.add_argument("b", help="Candidate: a run directory or a report.json.")
+    cmp_.add_argument("--fail-on-regression", type=_POSITIVE_FLOAT, metavar="PCT", default=5.0,
+                      help="Exit 1 when the candidate's step time or throughput regresses by more than PCT %% beyond noise (default 5).")
+    cmp_.add_argument("--format", choices=("md", "json"), default="md", help="Output format (default md).")
     ana = sub.add_parser("analyze", help="Analyse a directory of Kineto/Chrome traces (ours or any torch.profiler output).")
     ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
     ana.add_argument("--out", help="Directory for analysis.json and analysis.md (default ./torsh-analysis/<name>-<time>); must not exist.")
@@ -220,7 +230,7 @@ def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
         return EXIT_USAGE
     compact_run(run_dir.path)
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
-    write_reports(analysis, run_dir.path)
+    write_reports(analysis, run_dir.path, formats=RUN_END_FORMATS)
     render_summary(build_report_info(analysis), console)
     if outcome.status == "ok":
         return EXIT_OK
@@ -243,9 +253,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     config = load_config_file(run_dir.config_json) if run_dir.config_json.is_file() else RunConfig()
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
     console = Console(highlight=False)
-    write_reports(analysis, run_dir.path)
-    render_summary(build_report_info(analysis), console)
+    paths = write_reports(analysis, run_dir.path, formats=tuple(args.formats or RUN_END_FORMATS), out_dir=args.out)
+    render_summary(build_report_info(analysis), console, report_paths=paths)
     return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .reports.compare import run_compare
+
+    text, code = run_compare(args.a, args.b, threshold_pct=args.fail_on_regression, fmt=args.format)
+    print(text)
+    return code
 
 
 def _trace_windows(path: Path) -> list[Path]:
@@ -326,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "analyze":
             return cmd_analyze(args)
+        if args.command == "compare":
+            return cmd_compare(args)
         raise AssertionError(args.command)
     except TorshTuneError as exc:
         if args is not None and args.debug:

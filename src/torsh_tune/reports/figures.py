@@ -1,0 +1,777 @@
+"""Figures of a run, shared by the HTML report and the Dash dashboard.
+
+Data and drawing are apart (as in optuna's visualisation): each `get_*_info(frames, ...)`
+turns a run's `RunFrames` into a frozen dataclass of plain values (tuples of floats,
+NaN where a value is missing), already aggregated on the server side so that a figure
+never carries more than about `max_points` points per series, however long the run;
+each `plot_*(info)` draws one into a `plotly.graph_objects.Figure`. Tests target the info
+functions; the plot functions are thin.
+
+plotly is imported inside the `plot_*` functions only, so importing this module (and
+`torsh_tune.reports`) never loads it.
+
+Public functions:
+
+- `get_step_series_info(frames, *, max_points=2000) -> StepSeriesInfo`,
+  `plot_step_series(info)`: global step time (slowest rank per step) as a min/median/max
+  band per bucket of steps, throughput on a second axis, warm-up shaded.
+- `get_breakdown_info(frames, *, max_points=2000) -> BreakdownInfo`,
+  `plot_breakdown(info)`: stacked step breakdown (data, forward, backward compute,
+  exposed comm, optimizer, other) over steps, mean across ranks.
+- `get_comm_timeline_info(frames, *, steps=None, num_steps=3) -> CommTimelineInfo`,
+  `plot_comm_timeline(info)`: each rank's collectives (bucket bars from issue to
+  completion) over a few steps, with the step boundaries.
+- `get_overlap_info(frames, *, max_points=2000) -> OverlapInfo`, `plot_overlap(info)`:
+  communication per step split into hidden and exposed time, and the overlap %.
+- `get_rank_heatmap_info(frames, *, max_columns=400) -> RankHeatmapInfo`,
+  `plot_rank_heatmap(info)`: rank x step heatmaps of step time and of arrival lateness
+  at each step's last collective (compute-time excess without comm records).
+- `get_resource_info(frames, *, max_points=2000) -> ResourceInfo`, `plot_memory(info)`,
+  `plot_utilization(info)`: memory (RSS, GPU memory) and CPU/GPU utilisation over time.
+- `get_loss_info(frames, *, max_points=2000) -> LossInfo`, `plot_loss(info)`: the loss
+  recorded every `profiler.loss_every` steps, mean across ranks, min/median/max band.
+- `build_figures(frames, *, max_points=2000) -> dict[str, Figure]`: every figure above,
+  keyed by `FIGURE_TITLES` order; empty-data figures say "no data" instead of failing.
+- `downsample(x, y, *, max_points) -> Downsampled`: the bucket aggregation all of them
+  use (first x, min, median, max of y per bucket of consecutive points).
+
+Example:
+    >>> from torsh_tune.analysis import load_run  # doctest: +SKIP
+    >>> frames = load_run("torsh-runs/20250101-120000-train-ab12")  # doctest: +SKIP
+    >>> info = get_step_series_info(frames)  # doctest: +SKIP
+    >>> plot_step_series(info).write_html("steps.html")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import PHASES, RunFrames, phase_frame
+from ._format import PHASE_LABELS
+
+if TYPE_CHECKING:  # plotly is loaded lazily, by the plot functions only
+    import plotly.graph_objects as go
+
+__all__ = [
+    "DEFAULT_MAX_POINTS",
+    "FIGURE_TITLES",
+    "PHASE_COLORS",
+    "BreakdownInfo",
+    "CommTimelineInfo",
+    "Downsampled",
+    "LossInfo",
+    "OverlapInfo",
+    "RankHeatmapInfo",
+    "RankResourceSeries",
+    "ResourceInfo",
+    "StepSeriesInfo",
+    "build_figures",
+    "downsample",
+    "get_breakdown_info",
+    "get_comm_timeline_info",
+    "get_loss_info",
+    "get_overlap_info",
+    "get_rank_heatmap_info",
+    "get_resource_info",
+    "get_step_series_info",
+    "plot_breakdown",
+    "plot_comm_timeline",
+    "plot_loss",
+    "plot_memory",
+    "plot_overlap",
+    "plot_rank_heatmap",
+    "plot_step_series",
+    "plot_utilization",
+]
+
+#: Points per series a figure carries at most (per rank for per-rank series, split evenly).
+DEFAULT_MAX_POINTS = 2000
+#: Keys of `build_figures`, in display order, with their titles.
+FIGURE_TITLES = {
+    "step_series": "Step time and throughput",
+    "breakdown": "Step breakdown",
+    "comm_timeline": "Communication timeline (buckets per rank)",
+    "overlap": "Communication overlap",
+    "rank_heatmap": "Per-rank step time and lateness",
+    "memory": "Memory",
+    "utilization": "CPU / GPU utilisation",
+    "loss": "Loss",
+}
+#: Colours of the breakdown phases (colour-blind safe, Okabe-Ito).
+PHASE_COLORS = {
+    "data": "#E69F00",
+    "forward": "#56B4E9",
+    "backward_compute": "#0072B2",
+    "exposed_comm": "#D55E00",
+    "optimizer": "#009E73",
+    "other": "#999999",
+}
+_FloatTuple = tuple[float, ...]
+
+
+# -- data -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Downsampled:
+    """One series aggregated per bucket of `bucket_size` consecutive points."""
+
+    x: _FloatTuple  # first x of each bucket
+    y_min: _FloatTuple
+    y_median: _FloatTuple
+    y_max: _FloatTuple
+    bucket_size: int  # points per bucket (1: not downsampled)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSeriesInfo:
+    """Global step time (slowest rank per step) and throughput over steps."""
+
+    step: _FloatTuple  # first step of each bucket
+    step_min_s: _FloatTuple
+    step_median_s: _FloatTuple
+    step_max_s: _FloatTuple
+    throughput_samples_s: _FloatTuple  # median per bucket of samples (all ranks) / step time
+    warmup: tuple[bool, ...]  # the bucket holds a warm-up step
+    warmup_end_step: int | None  # last warm-up step, None without warm-up
+    bucket_size: int
+    num_steps: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.step
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakdownInfo:
+    """Per-step phase times (mean across ranks, then mean per bucket), stacking to step time."""
+
+    step: _FloatTuple
+    phases_s: dict[str, _FloatTuple]  # PHASES order
+    warmup_end_step: int | None
+    bucket_size: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.step
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommTimelineInfo:
+    """Collectives of a few steps on every rank, times relative to the first step's start."""
+
+    steps: tuple[int, ...]  # the steps shown
+    rank: tuple[int, ...]  # one entry per collective
+    step: tuple[int, ...]
+    bucket: tuple[int, ...]
+    collective: tuple[str, ...]
+    start_s: _FloatTuple  # t_issue - t0
+    duration_s: _FloatTuple
+    bytes: _FloatTuple
+    step_bounds: tuple[tuple[int, int, float, float], ...]  # (rank, step, start_s, end_s)
+
+    @property
+    def empty(self) -> bool:
+        return not self.rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverlapInfo:
+    """Communication per step (mean across ranks): how much of it is hidden by compute."""
+
+    step: _FloatTuple
+    comm_s: _FloatTuple
+    exposed_comm_s: _FloatTuple
+    overlap_pct: _FloatTuple  # 100 * (1 - exposed / comm); NaN without communication
+    bucket_size: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.step
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankHeatmapInfo:
+    """rank x step-bucket matrices (median per bucket); NaN where a rank has no record."""
+
+    ranks: tuple[int, ...]
+    step: _FloatTuple  # first step of each column
+    step_s: tuple[_FloatTuple, ...]  # [rank][column]
+    lateness_s: tuple[_FloatTuple, ...]  # [rank][column]
+    lateness_basis: str  # "comm" (arrival at the last collective) or "compute" (excess compute)
+    bucket_size: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.ranks or not self.step
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResourceSeries:
+    """One rank's system samples over time (s since the run's first record)."""
+
+    rank: int
+    t_s: _FloatTuple
+    rss_bytes: _FloatTuple  # max per bucket
+    cpu_pct: _FloatTuple  # mean per bucket, % of one core
+    gpu_util_pct: _FloatTuple  # mean per bucket; NaN without a GPU
+    gpu_mem_used_bytes: _FloatTuple  # max per bucket; NaN without a GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceInfo:
+    """Memory and utilisation over time, per rank, and the machine's totals."""
+
+    per_rank: tuple[RankResourceSeries, ...]
+    sys_t_s: _FloatTuple  # whole-machine CPU, from the lowest rank's sampler
+    sys_cpu_pct: _FloatTuple
+    mem_total_bytes: float | None
+    gpu_mem_total_bytes: float | None
+    has_gpu: bool
+
+    @property
+    def empty(self) -> bool:
+        return not any(s.t_s for s in self.per_rank)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossInfo:
+    """Loss over steps (mean across ranks per step, then min/median/max per bucket)."""
+
+    step: _FloatTuple
+    loss_min: _FloatTuple
+    loss_median: _FloatTuple
+    loss_max: _FloatTuple
+    warmup_end_step: int | None
+    bucket_size: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.step
+
+
+def downsample(x: Any, y: Any, *, max_points: int = DEFAULT_MAX_POINTS) -> Downsampled:
+    """Aggregate a series into at most `max_points` buckets of consecutive points.
+
+    Each bucket keeps its first x and the min, median and max of its y (NaN ignored), so
+    spikes survive downsampling: the band of a plot spans every measured value.
+
+    Args:
+        x: sorted x values (steps or seconds).
+        y: values, same length.
+        max_points: buckets at most (>= 1).
+
+    Returns:
+        The Downsampled series; `bucket_size` 1 when no aggregation was needed.
+
+    Example:
+        >>> d = downsample(range(10), [1, 9, 2, 3, 4, 5, 6, 7, 8, 0], max_points=2)
+        >>> d.x, d.y_min, d.y_max
+        ((0.0, 5.0), (1.0, 0.0), (9.0, 8.0))
+    """
+    xs = np.asarray(x, dtype=float)
+    ys = np.asarray(y, dtype=float)
+    assert xs.shape == ys.shape, "x and y must have the same length"
+    n = len(xs)
+    if n == 0:
+        return Downsampled(x=(), y_min=(), y_median=(), y_max=(), bucket_size=1)
+    size = max(1, math.ceil(n / max(1, max_points)))
+    if size == 1:
+        t = _floats(ys)
+        return Downsampled(x=_floats(xs), y_min=t, y_median=t, y_max=t, bucket_size=1)
+    bucket = np.arange(n) // size
+    g = pd.Series(ys).groupby(bucket)
+    return Downsampled(
+        x=_floats(xs[::size]),
+        y_min=_floats(g.min().to_numpy()),
+        y_median=_floats(g.median().to_numpy()),
+        y_max=_floats(g.max().to_numpy()),
+        bucket_size=size,
+    )
+
+
+def get_step_series_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> StepSeriesInfo:
+    """Global step time and throughput over all steps, warm-up included and marked.
+
+    The global step time of a step is its slowest rank's step_s (what the job waits for);
+    throughput is the step's samples summed over ranks divided by it.
+
+    Example:
+        >>> info = get_step_series_info(load_run(run_dir))  # doctest: +SKIP
+        >>> info.warmup_end_step, info.bucket_size  # doctest: +SKIP
+    """
+    steps = frames.steps
+    if steps.empty:
+        return StepSeriesInfo(step=(), step_min_s=(), step_median_s=(), step_max_s=(), throughput_samples_s=(),
+                              warmup=(), warmup_end_step=None, bucket_size=1, num_steps=0)
+    g = steps.groupby("step", sort=True)
+    per_step = pd.DataFrame({"step_s": g["step_s"].max(), "samples": g["samples"].sum(min_count=1),
+                             "warmup": g["warmup"].any()})
+    step_s = per_step["step_s"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tput = np.where(step_s > 0, per_step["samples"].to_numpy(dtype=float) / step_s, np.nan)
+    x = per_step.index.to_numpy()
+    d = downsample(x, step_s, max_points=max_points)
+    t = downsample(x, tput, max_points=max_points)
+    warm = per_step["warmup"].to_numpy(dtype=bool)
+    warm_buckets = pd.Series(warm).groupby(np.arange(len(warm)) // d.bucket_size).any().to_numpy()
+    return StepSeriesInfo(
+        step=d.x, step_min_s=d.y_min, step_median_s=d.y_median, step_max_s=d.y_max,
+        throughput_samples_s=t.y_median, warmup=tuple(bool(w) for w in warm_buckets),
+        warmup_end_step=_warmup_end(steps), bucket_size=d.bucket_size, num_steps=len(per_step),
+    )
+
+
+def get_breakdown_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> BreakdownInfo:
+    """Phase times per step (mean across ranks), averaged per bucket so they still stack.
+
+    The phases are `analysis.PHASES` as `analysis.phase_frame` splits them; they sum to
+    the mean step time across ranks.
+    """
+    steps = frames.steps
+    if steps.empty:
+        return BreakdownInfo(step=(), phases_s={p: () for p in PHASES}, warmup_end_step=None, bucket_size=1)
+    per_step = phase_frame(steps).groupby("step", sort=True)[list(PHASES)].mean()
+    n = len(per_step)
+    size = max(1, math.ceil(n / max(1, max_points)))
+    bucket = np.arange(n) // size
+    means = per_step.groupby(bucket).mean()
+    return BreakdownInfo(
+        step=_floats(per_step.index.to_numpy()[::size]),
+        phases_s={p: _floats(means[p].to_numpy()) for p in PHASES},
+        warmup_end_step=_warmup_end(steps),
+        bucket_size=size,
+    )
+
+
+def get_comm_timeline_info(
+    frames: RunFrames, *, steps: Sequence[int] | None = None, num_steps: int = 3
+) -> CommTimelineInfo:
+    """Every rank's collectives during a few steps (by default the last `num_steps` measured).
+
+    Args:
+        frames: the run.
+        steps: the steps to show; default the last `num_steps` steps with comm records,
+            measured (non-warm-up) ones preferred.
+        num_steps: how many steps by default.
+    """
+    comm, st = frames.comm, frames.steps
+    if steps is None:
+        candidates = comm["step"] if not comm.empty else st["step"]
+        measured = st.loc[~st["warmup"].astype(bool), "step"] if not st.empty else pd.Series(dtype="int64")
+        pool = sorted(set(candidates.unique()) & set(measured.unique())) or sorted(candidates.unique())
+        steps = pool[-num_steps:] if num_steps > 0 else []
+    chosen = tuple(int(s) for s in steps)
+    c = comm[comm["step"].isin(chosen)] if not comm.empty else comm
+    s = st[st["step"].isin(chosen)] if not st.empty else st
+    starts = [v for v in (c["t_issue"].min() if not c.empty else np.nan,
+                          s["t_start"].min() if not s.empty else np.nan) if np.isfinite(v)]
+    t0 = min(starts) if starts else 0.0
+    c = c.sort_values(["rank", "t_issue"], kind="stable")
+    dur = c["duration_s"].astype(float)
+    dur = dur.where(dur.notna(), c["t_complete"].astype(float) - c["t_issue"].astype(float))
+    bounds = tuple(
+        (int(r), int(k), float(a - t0), float(b - t0))
+        for r, k, a, b in s[["rank", "step", "t_start", "t_end"]].itertuples(index=False)
+        if np.isfinite(a) and np.isfinite(b)
+    )
+    return CommTimelineInfo(
+        steps=chosen,
+        rank=tuple(int(r) for r in c["rank"]),
+        step=tuple(int(k) for k in c["step"]),
+        bucket=tuple(int(b) if np.isfinite(b) else -1 for b in c["bucket"].astype(float)),
+        collective=tuple(str(x) if x is not None else "?" for x in c["collective"]),
+        start_s=_floats(c["t_issue"].to_numpy(dtype=float) - t0),
+        duration_s=_floats(dur.to_numpy(dtype=float)),
+        bytes=_floats(c["bytes"].to_numpy(dtype=float)),
+        step_bounds=bounds,
+    )
+
+
+def get_overlap_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> OverlapInfo:
+    """Per step (mean across ranks): communication time, its exposed part and the overlap %."""
+    steps = frames.steps
+    if steps.empty:
+        return OverlapInfo(step=(), comm_s=(), exposed_comm_s=(), overlap_pct=(), bucket_size=1)
+    per_step = steps.groupby("step", sort=True)[["comm_s", "exposed_comm_s"]].mean()
+    n = len(per_step)
+    size = max(1, math.ceil(n / max(1, max_points)))
+    means = per_step.groupby(np.arange(n) // size).mean()
+    comm = means["comm_s"].to_numpy(dtype=float)
+    exposed = means["exposed_comm_s"].to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overlap = np.where(comm > 0, 100.0 * (1.0 - exposed / comm), np.nan)
+    return OverlapInfo(step=_floats(per_step.index.to_numpy()[::size]), comm_s=_floats(comm),
+                       exposed_comm_s=_floats(exposed), overlap_pct=_floats(np.clip(overlap, 0.0, 100.0)),
+                       bucket_size=size)
+
+
+def get_rank_heatmap_info(frames: RunFrames, *, max_columns: int = 400) -> RankHeatmapInfo:
+    """rank x step matrices of step time and lateness, medians per bucket of steps.
+
+    Lateness at a step is how much later than the earliest rank a rank issued the step's
+    last collective (the one that gates the optimizer step), as `analysis.straggler_stats`
+    measures it; without comm records, how much more compute time (forward + backward
+    compute) a rank spent than the fastest rank. A straggler is a bright row.
+    """
+    steps = frames.steps
+    if steps.empty:
+        return RankHeatmapInfo(ranks=(), step=(), step_s=(), lateness_s=(), lateness_basis="comm", bucket_size=1)
+    step_s = _step_rank_matrix(steps["step"], steps["rank"], steps["step_s"], reduce=np.fmax)
+    lateness = _lateness_by_step(frames.comm)
+    basis = "comm"
+    if lateness is None:
+        ph = phase_frame(steps)
+        ph["compute_s"] = ph["forward"] + ph["backward_compute"]
+        comp = ph.pivot_table(index="step", columns="rank", values="compute_s", aggfunc="sum")
+        lateness = comp.sub(comp.min(axis=1), axis=0)
+        basis = "compute"
+    lateness = lateness.reindex(index=step_s.index, columns=step_s.columns)
+    n = len(step_s)
+    size = max(1, math.ceil(n / max(1, max_columns)))
+    bucket = np.arange(n) // size
+    s_med = step_s.groupby(bucket).median()
+    l_med = lateness.groupby(bucket).median()
+    return RankHeatmapInfo(
+        ranks=tuple(int(r) for r in step_s.columns),
+        step=_floats(step_s.index.to_numpy()[::size]),
+        step_s=tuple(_floats(s_med[r].to_numpy()) for r in step_s.columns),
+        lateness_s=tuple(_floats(l_med[r].to_numpy()) for r in step_s.columns),
+        lateness_basis=basis,
+        bucket_size=size,
+    )
+
+
+def get_resource_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> ResourceInfo:
+    """System samples per rank over time, downsampled to `max_points` split over the ranks."""
+    sysf = frames.system
+    if sysf.empty:
+        return ResourceInfo(per_rank=(), sys_t_s=(), sys_cpu_pct=(), mem_total_bytes=None,
+                            gpu_mem_total_bytes=None, has_gpu=False)
+    starts = [sysf["t"].min()]
+    if not frames.steps.empty:
+        starts.append(frames.steps["t_start"].min())
+    t0 = float(np.nanmin(np.asarray(starts, dtype=float)))
+    ranks = sorted(int(r) for r in sysf["rank"].unique())
+    per_series = max(50, max_points // max(1, len(ranks)))
+    series = []
+    for r in ranks:
+        df = sysf[sysf["rank"] == r].sort_values("t", kind="stable")
+        n = len(df)
+        size = max(1, math.ceil(n / per_series))
+        g = df.groupby(np.arange(n) // size)
+        series.append(RankResourceSeries(
+            rank=r,
+            t_s=_floats(df["t"].to_numpy(dtype=float)[::size] - t0),
+            rss_bytes=_floats(g["rss_bytes"].max().to_numpy(dtype=float)),
+            cpu_pct=_floats(g["cpu_pct"].mean().to_numpy(dtype=float)),
+            gpu_util_pct=_floats(g["gpu_util_pct"].mean().to_numpy(dtype=float)),
+            gpu_mem_used_bytes=_floats(g["gpu_mem_used_bytes"].max().to_numpy(dtype=float)),
+        ))
+    first = sysf[sysf["rank"] == ranks[0]].sort_values("t", kind="stable")
+    machine = downsample(first["t"].to_numpy(dtype=float) - t0, first["sys_cpu_pct"].to_numpy(dtype=float),
+                         max_points=per_series)
+    mem_total = sysf["mem_total_bytes"].max()
+    gpu_total = sysf["gpu_mem_total_bytes"].max()
+    return ResourceInfo(
+        per_rank=tuple(series),
+        sys_t_s=machine.x,
+        sys_cpu_pct=tuple(float(v) for v in pd.Series(machine.y_median).to_numpy()),
+        mem_total_bytes=float(mem_total) if np.isfinite(mem_total) else None,
+        gpu_mem_total_bytes=float(gpu_total) if np.isfinite(gpu_total) else None,
+        has_gpu=bool(sysf["gpu_util_pct"].notna().any() or sysf["gpu_mem_used_bytes"].notna().any()),
+    )
+
+
+def get_loss_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> LossInfo:
+    """The recorded loss per step (mean across ranks), min/median/max per bucket."""
+    steps = frames.steps
+    rec = steps[steps["loss"].notna()] if not steps.empty else steps
+    if rec.empty:
+        return LossInfo(step=(), loss_min=(), loss_median=(), loss_max=(), warmup_end_step=None, bucket_size=1)
+    per_step = rec.groupby("step", sort=True)["loss"].mean()
+    d = downsample(per_step.index.to_numpy(), per_step.to_numpy(dtype=float), max_points=max_points)
+    return LossInfo(step=d.x, loss_min=d.y_min, loss_median=d.y_median, loss_max=d.y_max,
+                    warmup_end_step=_warmup_end(steps), bucket_size=d.bucket_size)
+
+
+def _lateness_by_step(comm: pd.DataFrame) -> pd.DataFrame | None:
+    """step x rank: t_issue of each rank's last collective of the step minus the earliest rank's.
+
+    Only the last collective per (rank, step) is needed, which keeps this linear in the
+    comm records (a 100 000-step run has millions of them).
+    """
+    if comm.empty:
+        return None
+    r, k, q = (comm[c].to_numpy(np.int64) for c in ("rank", "step", "seq"))
+    key = (r * (int(k.max()) + 1) + k) * (int(q.max()) + 1) + q
+    # load_run already sorts by rank, step, seq: skip the sort (the slow part) when it holds.
+    order = np.arange(len(key)) if bool(np.all(key[1:] >= key[:-1])) else np.argsort(key, kind="stable")
+    r, k = r[order], k[order]
+    is_last = np.ones(len(order), dtype=bool)
+    is_last[:-1] = (r[1:] != r[:-1]) | (k[1:] != k[:-1])
+    issue = _step_rank_matrix(k[is_last], r[is_last], comm["t_issue"].to_numpy(float)[order][is_last])
+    if issue.shape[1] < 2:
+        return None
+    return issue.sub(issue.min(axis=1), axis=0)
+
+
+def _step_rank_matrix(step: Any, rank: Any, values: Any, *, reduce: Any = None) -> pd.DataFrame:
+    """step x rank DataFrame (sorted both ways, NaN where missing); `reduce` merges duplicates (default: last)."""
+    steps_u, si = np.unique(np.asarray(step, dtype=np.int64), return_inverse=True)
+    ranks_u, ri = np.unique(np.asarray(rank, dtype=np.int64), return_inverse=True)
+    out = np.full((len(steps_u), len(ranks_u)), np.nan)
+    v = np.asarray(values, dtype=float)
+    if reduce is None:
+        out[si, ri] = v
+    else:
+        reduce.at(out, (si, ri), v)  # np.fmax ignores the NaN it starts from
+    return pd.DataFrame(out, index=pd.Index(steps_u, name="step"), columns=pd.Index(ranks_u, name="rank"))
+
+
+def _warmup_end(steps: pd.DataFrame) -> int | None:
+    warm = steps.loc[steps["warmup"].astype(bool), "step"] if not steps.empty else steps
+    return int(warm.max()) if len(warm) else None
+
+
+def _floats(values: Any) -> _FloatTuple:
+    return tuple(float(v) for v in np.asarray(values, dtype=float).tolist())
+
+
+# -- drawing ----------------------------------------------------------------------------
+
+_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=30, t=50, b=45), hovermode="x unified",
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1), height=360)
+
+
+def _new_figure(title: str, *, secondary_y: bool = False) -> "go.Figure":
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]]) if secondary_y else go.Figure()
+    fig.update_layout(title=dict(text=title, x=0.01), **_LAYOUT)
+    return fig
+
+
+def _no_data(fig: "go.Figure", what: str) -> "go.Figure":
+    fig.add_annotation(text=f"no {what} recorded", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(size=14, color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def _mark_warmup(fig: "go.Figure", first_step: float, warmup_end_step: int | None) -> None:
+    if warmup_end_step is None:
+        return
+    fig.add_vrect(x0=first_step - 0.5, x1=warmup_end_step + 0.5, fillcolor="#bbbbbb", opacity=0.25, line_width=0,
+                  annotation_text="warm-up", annotation_position="top left")
+
+
+def _ms(values: Sequence[float]) -> list[float]:
+    return [v * 1e3 for v in values]
+
+
+def plot_step_series(info: StepSeriesInfo) -> "go.Figure":
+    """Step time (median line inside a min-max band, ms) and throughput (right axis)."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["step_series"], secondary_y=True)
+    if info.empty:
+        return _no_data(fig, "steps")
+    x = list(info.step)
+    if info.bucket_size > 1:
+        fig.add_trace(go.Scatter(x=x, y=_ms(info.step_max_s), mode="lines", line=dict(width=0), name="max",
+                                 showlegend=False, hoverinfo="skip"), secondary_y=False)
+        fig.add_trace(go.Scatter(x=x, y=_ms(info.step_min_s), mode="lines", line=dict(width=0), fill="tonexty",
+                                 fillcolor="rgba(0,114,178,0.2)", name=f"min-max per {info.bucket_size} steps"),
+                      secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=_ms(info.step_median_s), mode="lines", line=dict(color="#0072B2"),
+                             name="step time (slowest rank)"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=list(info.throughput_samples_s), mode="lines",
+                             line=dict(color="#009E73", dash="dot"), name="throughput"), secondary_y=True)
+    _mark_warmup(fig, x[0], info.warmup_end_step)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="step time (ms)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero", showgrid=False, secondary_y=True)
+    return fig
+
+
+def plot_breakdown(info: BreakdownInfo) -> "go.Figure":
+    """Stacked phases per step (ms): data, forward, backward compute, exposed comm, optimizer, other."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["breakdown"])
+    if info.empty:
+        return _no_data(fig, "steps")
+    x = list(info.step)
+    for phase, values in info.phases_s.items():
+        fig.add_trace(go.Scatter(x=x, y=_ms(values), mode="lines", stackgroup="phases",
+                                 line=dict(width=0.5, color=PHASE_COLORS.get(phase)),
+                                 name=PHASE_LABELS.get(phase, phase)))
+    _mark_warmup(fig, x[0], info.warmup_end_step)
+    fig.update_xaxes(title_text="step" + (f" (mean per {info.bucket_size} steps)" if info.bucket_size > 1 else ""))
+    fig.update_yaxes(title_text="time per step (ms, mean across ranks)", rangemode="tozero")
+    return fig
+
+
+def plot_comm_timeline(info: CommTimelineInfo) -> "go.Figure":
+    """One row per rank: step spans (grey) and each collective from issue to completion."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["comm_timeline"])
+    fig.update_layout(hovermode="closest", barmode="overlay")
+    if info.empty and not info.step_bounds:
+        return _no_data(fig, "collectives")
+    if info.step_bounds:
+        r, k, a, b = zip(*info.step_bounds)
+        fig.add_trace(go.Bar(y=[f"rank {v}" for v in r], x=[(e - s) * 1e3 for s, e in zip(a, b)],
+                             base=[s * 1e3 for s in a], orientation="h", width=0.8, name="step",
+                             marker=dict(color="rgba(150,150,150,0.25)", line=dict(color="#666", width=1)),
+                             customdata=list(k), hovertemplate="step %{customdata}<extra></extra>"))
+    buckets = sorted(set(info.bucket))
+    palette = ("#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+    for i, bkt in enumerate(buckets):
+        idx = [j for j, v in enumerate(info.bucket) if v == bkt]
+        fig.add_trace(go.Bar(
+            y=[f"rank {info.rank[j]}" for j in idx], x=[info.duration_s[j] * 1e3 for j in idx],
+            base=[info.start_s[j] * 1e3 for j in idx], orientation="h", width=0.4,
+            name=f"bucket {bkt}" if bkt >= 0 else "collective", marker=dict(color=palette[i % len(palette)]),
+            customdata=[[info.step[j], info.collective[j], info.bytes[j] / 2**20] for j in idx],
+            hovertemplate="step %{customdata[0]} %{customdata[1]}: %{x:.2f} ms, %{customdata[2]:.2f} MiB"
+                          "<extra></extra>",
+        ))
+    fig.update_xaxes(title_text="time since the first shown step started (ms)")
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def plot_overlap(info: OverlapInfo) -> "go.Figure":
+    """Hidden and exposed communication per step (stacked, ms) and the overlap % (right axis)."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["overlap"], secondary_y=True)
+    if info.empty or not any(v > 0 for v in info.comm_s if math.isfinite(v)):
+        return _no_data(fig, "communication")
+    x = list(info.step)
+    hidden = [max(0.0, c - e) * 1e3 for c, e in zip(info.comm_s, info.exposed_comm_s)]
+    fig.add_trace(go.Scatter(x=x, y=_ms(info.exposed_comm_s), stackgroup="comm", name="exposed",
+                             line=dict(width=0.5, color="#D55E00")), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=hidden, stackgroup="comm", name="hidden behind compute",
+                             line=dict(width=0.5, color="#56B4E9")), secondary_y=False)
+    fig.add_trace(go.Scatter(x=x, y=list(info.overlap_pct), mode="lines", name="overlap %",
+                             line=dict(color="#000", dash="dot")), secondary_y=True)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="communication per step (ms)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="overlap (%)", range=[0, 100], tickmode="linear", dtick=20, showgrid=False,
+                     secondary_y=True)
+    return fig
+
+
+def plot_rank_heatmap(info: RankHeatmapInfo) -> "go.Figure":
+    """Two heatmaps, rank x step: step time and lateness (ms); a straggler is a bright row."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    late = "arrival lateness at the last collective" if info.lateness_basis == "comm" else "excess compute"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=("step time (ms)", f"{late} (ms)"))
+    fig.update_layout(title=dict(text=FIGURE_TITLES["rank_heatmap"], x=0.01),
+                      **{**_LAYOUT, "hovermode": "closest", "height": 260 + 40 * len(info.ranks)})
+    if info.empty:
+        return _no_data(fig, "steps")
+    y = [f"rank {r}" for r in info.ranks]
+    for row, matrix, scale, bar_y in ((1, info.step_s, "Viridis", 0.8), (2, info.lateness_s, "Inferno", 0.2)):
+        z = [[v * 1e3 if math.isfinite(v) else None for v in vals] for vals in matrix]
+        fig.add_trace(go.Heatmap(z=z, x=list(info.step), y=y, colorscale=scale,
+                                 colorbar=dict(len=0.42, y=bar_y, title="ms"),
+                                 hovertemplate="%{y}, step %{x}: %{z:.2f} ms<extra></extra>"), row=row, col=1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    return fig
+
+
+def plot_memory(info: ResourceInfo) -> "go.Figure":
+    """Memory per rank over time (GiB): GPU memory used when there is a GPU, else process RSS."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["memory"])
+    if info.empty:
+        return _no_data(fig, "system samples")
+    for s in info.per_rank:
+        values = s.gpu_mem_used_bytes if info.has_gpu else s.rss_bytes
+        fig.add_trace(go.Scatter(x=list(s.t_s), y=[v / 2**30 for v in values], mode="lines",
+                                 name=f"rank {s.rank} {'GPU memory' if info.has_gpu else 'RSS'}"))
+    total = info.gpu_mem_total_bytes if info.has_gpu else None
+    if total:
+        fig.add_hline(y=total / 2**30, line_dash="dash", line_color="#D55E00", annotation_text="GPU capacity")
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="GiB", rangemode="tozero")
+    return fig
+
+
+def plot_utilization(info: ResourceInfo) -> "go.Figure":
+    """CPU % per rank (of one core), the machine's CPU % and, with a GPU, GPU utilisation."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["utilization"])
+    if info.empty:
+        return _no_data(fig, "system samples")
+    for s in info.per_rank:
+        fig.add_trace(go.Scatter(x=list(s.t_s), y=list(s.cpu_pct), mode="lines", name=f"rank {s.rank} CPU"))
+        if info.has_gpu:
+            fig.add_trace(go.Scatter(x=list(s.t_s), y=list(s.gpu_util_pct), mode="lines",
+                                     line=dict(dash="dot"), name=f"rank {s.rank} GPU"))
+    if info.sys_t_s:
+        fig.add_trace(go.Scatter(x=list(info.sys_t_s), y=list(info.sys_cpu_pct), mode="lines",
+                                 line=dict(color="#000", dash="dash"), name="machine CPU (% of all cores)"))
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="utilisation (%)", rangemode="tozero")
+    return fig
+
+
+def plot_loss(info: LossInfo) -> "go.Figure":
+    """Loss over steps (median, with a min-max band when downsampled)."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(FIGURE_TITLES["loss"])
+    if info.empty:
+        return _no_data(fig, "loss")
+    x = list(info.step)
+    if info.bucket_size > 1:
+        fig.add_trace(go.Scatter(x=x, y=list(info.loss_max), mode="lines", line=dict(width=0), showlegend=False,
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=x, y=list(info.loss_min), mode="lines", line=dict(width=0), fill="tonexty",
+                                 fillcolor="rgba(204,121,167,0.2)", name="min-max"))
+    fig.add_trace(go.Scatter(x=x, y=list(info.loss_median), mode="lines+markers" if len(x) < 100 else "lines",
+                             line=dict(color="#CC79A7"), name="loss"))
+    _mark_warmup(fig, x[0], info.warmup_end_step)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="loss")
+    return fig
+
+
+def build_figures(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> dict[str, "go.Figure"]:
+    """Every figure of a run, keyed and ordered as `FIGURE_TITLES`.
+
+    Example:
+        >>> figs = build_figures(load_run(run_dir))  # doctest: +SKIP
+        >>> list(figs)[:2]  # doctest: +SKIP
+        ['step_series', 'breakdown']
+    """
+    resources = get_resource_info(frames, max_points=max_points)
+    return {
+        "step_series": plot_step_series(get_step_series_info(frames, max_points=max_points)),
+        "breakdown": plot_breakdown(get_breakdown_info(frames, max_points=max_points)),
+        "comm_timeline": plot_comm_timeline(get_comm_timeline_info(frames)),
+        "overlap": plot_overlap(get_overlap_info(frames, max_points=max_points)),
+        "rank_heatmap": plot_rank_heatmap(get_rank_heatmap_info(frames, max_columns=min(400, max_points))),
+        "memory": plot_memory(resources),
+        "utilization": plot_utilization(resources),
+        "loss": plot_loss(get_loss_info(frames, max_points=max_points)),
+    }
