@@ -119,8 +119,9 @@ def new_run_dir(runs_dir: str | os.PathLike[str], script: str, *, name: str | No
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write `text` through a temporary file in the same directory: readers never see half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
 

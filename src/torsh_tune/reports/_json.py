@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..rundir import write_text_atomic as _write_atomic
 from ._info import ReportInfo
 
 __all__ = ["read_json", "write_json"]
@@ -23,10 +24,3 @@ def read_json(path: str | os.PathLike[str]) -> ReportInfo:
     """Read a report.json written by `write_json` back into a ReportInfo."""
     return ReportInfo.from_json(Path(path).read_text())
 
-
-def _write_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
