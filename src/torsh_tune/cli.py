@@ -27,7 +27,7 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "report", "analyze", "compare")
+SUBCOMMANDS = ("profile", "report", "analyze", "compare", "dashboard")
 RUN_END_FORMATS = ("json", "md", "html")
 
 
@@ -93,6 +93,8 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
     r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
     r.add_argument("--quiet", action="store_true", help="Do not echo the script's output to the terminal.")
+    r.add_argument("--dashboard", nargs="?", const=8050, type=_POSITIVE_INT, metavar="PORT",
+                   help="Serve the live dashboard on 127.0.0.1:PORT (default 8050) while the run goes.")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show tracebacks of errors.")
     p.add_argument("script", help="The training script (what you would pass to torchrun).")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
@@ -121,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--fail-on-regression", type=_POSITIVE_FLOAT, metavar="PCT", default=5.0,
                       help="Exit 1 when the candidate's step time or throughput regresses by more than PCT %% beyond noise (default 5).")
     cmp_.add_argument("--format", choices=("md", "json"), default="md", help="Output format (default md).")
+    dash = sub.add_parser("dashboard", help="Serve the live Dash dashboard over a runs directory (read-only).")
+    dash.add_argument("--runs-dir", default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
+    dash.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1; any other needs --token).")
+    dash.add_argument("--port", type=_POSITIVE_INT, default=8050, help="Port (default 8050).")
+    dash.add_argument("--token", help="Access token required on every request (or env TORSH_TUNE_DASH_TOKEN).")
     ana = sub.add_parser("analyze", help="Analyse a directory of Kineto/Chrome traces (ours or any torch.profiler output).")
     ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
     ana.add_argument("--out", help="Directory for analysis.json and analysis.md (default ./torsh-analysis/<name>-<time>); must not exist.")
@@ -205,6 +212,7 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console.print(f"[bold]torsh-tune[/] profiling [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
     total = None if config.budget.steps is None else config.budget.steps + config.budget.warmup_steps
     echo = None if not args.quiet else (lambda line: None)
+    server = _start_dashboard(run_dir, args.dashboard, console) if args.dashboard else None
     with console.status("starting torchrun …") as status:
 
         def on_progress(p: Any) -> None:
@@ -215,10 +223,29 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
         def echo_line(line: str) -> None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-        outcome = launch_run(
-            config, run_dir, script, list(args.script_args), argv=list(argv), echo=echo or echo_line, on_progress=on_progress
-        )
+        try:
+            outcome = launch_run(
+                config, run_dir, script, list(args.script_args), argv=list(argv), echo=echo or echo_line, on_progress=on_progress
+            )
+        finally:
+            if server is not None:
+                server.shutdown()
     return _finish_run(config, run_dir, outcome, console)
+
+
+def _start_dashboard(run_dir: Any, port: int, console: Any) -> Any:
+    """The dashboard over this run's runs directory, served from a thread during the run."""
+    import threading
+
+    from .dashboard import make_server
+
+    try:
+        server = make_server(run_dir.path.parent, port=port)
+    except OSError as exc:
+        raise invalid("--dashboard", "a free port on 127.0.0.1", f"{port} ({exc.strerror})") from None
+    threading.Thread(target=server.serve_forever, name="torsh-tune-dashboard", daemon=True).start()
+    console.print(f"live dashboard: http://127.0.0.1:{server.server_port}/runs/{run_dir.name}")
+    return server
 
 
 def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> int:
@@ -346,6 +373,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_analyze(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "dashboard":
+            from .dashboard import serve
+
+            serve(args.runs_dir, host=args.host, port=args.port, token=args.token)
+            return EXIT_OK
         raise AssertionError(args.command)
     except TorshTuneError as exc:
         if args is not None and args.debug:

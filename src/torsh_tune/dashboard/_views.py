@@ -1,0 +1,156 @@
+"""What each page shows, as data (computed server-side), apart from the Dash components.
+
+`overview_info` is the live overview's whole server-side work (incremental read, KPIs,
+every figure of `reports.figures`); the benchmark times it. `get_compare_info` /
+`plot_compare_breakdown` are the compare view's data and drawing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..analysis import PHASES, RunAnalysis, RunFrames
+from ..reports.figures import DEFAULT_MAX_POINTS, build_figures
+from ._store import RunStore, status_class
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["CompareInfo", "Kpis", "OverviewInfo", "get_compare_info", "get_kpis", "overview_info",
+           "plot_compare_breakdown"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kpis:
+    """Headline numbers of a run, from its records as they stand."""
+
+    status: str  # running | finished | failed | unknown
+    num_steps: int  # distinct steps recorded (any rank)
+    last_step: int | None
+    median_step_s: float | None  # slowest rank per measured step, median
+    throughput_samples_s: float | None  # global samples per measured step / median step
+    world_size: int
+    num_ranks_reporting: int
+    last_record_age_s: float | None  # now - newest t_end (a stalled live run shows here)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverviewInfo:
+    """The overview page of one run: KPIs and figures keyed as `reports.figures.FIGURE_TITLES`."""
+
+    kpis: Kpis
+    figures: dict[str, "go.Figure"]
+    warnings: tuple[str, ...]
+
+
+def get_kpis(frames: RunFrames) -> Kpis:
+    """KPIs from a run's records (warm-up steps excluded from the step-time numbers)."""
+    steps = frames.steps
+    status = status_class(frames.info)
+    if steps.empty:
+        return Kpis(status=status, num_steps=0, last_step=None, median_step_s=None, throughput_samples_s=None,
+                    world_size=frames.world_size, num_ranks_reporting=0, last_record_age_s=None)
+    measured = steps[~steps["warmup"].astype(bool)]
+    base = measured if not measured.empty else steps
+    g = base.groupby("step", sort=False)
+    per_step = g["step_s"].max()
+    median = float(per_step.median()) if len(per_step) else math.nan
+    samples = float(g["samples"].sum(min_count=1).median())
+    t_end = float(steps["t_end"].max())
+    return Kpis(
+        status=status,
+        num_steps=int(steps["step"].nunique()),
+        last_step=int(steps["step"].max()),
+        median_step_s=median if math.isfinite(median) else None,
+        throughput_samples_s=samples / median if median > 0 and math.isfinite(samples) else None,
+        world_size=frames.world_size,
+        num_ranks_reporting=int(steps["rank"].nunique()),
+        last_record_age_s=max(0.0, time.time() - t_end) if math.isfinite(t_end) else None,
+    )
+
+
+def overview_info(store: RunStore, run_id: str, *, max_points: int = DEFAULT_MAX_POINTS) -> OverviewInfo:
+    """Everything the overview page draws, reading only what the run wrote since last time.
+
+    Raises:
+        RunNotFound: `run_id` is not a run of the store.
+    """
+    frames = store.frames(run_id)
+    return OverviewInfo(kpis=get_kpis(frames), figures=build_figures(frames, max_points=max_points),
+                        warnings=frames.warnings)
+
+
+# -- compare ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareInfo:
+    """Two runs' headline numbers side by side; deltas are (b - a) / a in %."""
+
+    names: tuple[str, str]
+    rows: tuple[dict[str, Any], ...]  # metric, unit, a, b, delta_pct (None when undefined)
+    phases: tuple[str, ...]
+    phases_s: tuple[tuple[float, ...], tuple[float, ...]]  # per run, PHASES order (NaN when unknown)
+    bottlenecks: tuple[tuple[str, ...], tuple[str, ...]]  # "severity category" per run
+
+
+def _metrics(a: RunAnalysis) -> dict[str, tuple[str, float | None]]:
+    st, cm = a.steps, a.comm
+    return {
+        "median step time": ("s", st.median_step_s if st else None),
+        "p90 step time": ("s", st.p90_step_s if st else None),
+        "throughput": ("samples/s", st.throughput_samples_s if st else None),
+        "measured steps": ("", float(st.num_steps) if st else None),
+        "communication per step": ("s", cm.comm_s if cm else None),
+        "exposed communication per step": ("s", cm.exposed_comm_s if cm else None),
+        "overlap": ("%", cm.overlap_pct if cm else None),
+        "peak memory (worst rank)": ("bytes", float(max(a.memory.peak_bytes_by_rank.values()))
+                                     if a.memory and a.memory.peak_bytes_by_rank else None),
+    }
+
+
+def get_compare_info(a: RunAnalysis, b: RunAnalysis) -> CompareInfo:
+    """Side-by-side numbers of two analysed runs.
+
+    Example:
+        >>> info = get_compare_info(store.analysis("run-a"), store.analysis("run-b"))  # doctest: +SKIP
+        >>> info.rows[0]["metric"], info.rows[0]["delta_pct"]  # doctest: +SKIP
+        ('median step time', -12.5)
+    """
+    ma, mb = _metrics(a), _metrics(b)
+    rows = []
+    for metric, (unit, va) in ma.items():
+        vb = mb[metric][1]
+        delta = 100 * (vb - va) / va if va not in (None, 0) and vb is not None else None
+        rows.append({"metric": metric, "unit": unit, "a": va, "b": vb, "delta_pct": delta})
+
+    def phases(x: RunAnalysis) -> tuple[float, ...]:
+        return tuple(float(x.breakdown.phases_s.get(p, np.nan)) if x.breakdown else np.nan for p in PHASES)
+
+    return CompareInfo(
+        names=(a.name, b.name),
+        rows=tuple(rows),
+        phases=PHASES,
+        phases_s=(phases(a), phases(b)),
+        bottlenecks=tuple(tuple(f"{bn.severity} {bn.category}" for bn in x.bottlenecks) for x in (a, b)),
+    )
+
+
+def plot_compare_breakdown(info: CompareInfo) -> "go.Figure":
+    """One stacked bar per run: the median step's phases (ms)."""
+    import plotly.graph_objects as go
+
+    from ..reports.figures import PHASE_COLORS
+
+    fig = go.Figure()
+    for i, phase in enumerate(info.phases):
+        fig.add_trace(go.Bar(x=list(info.names), y=[info.phases_s[0][i] * 1e3, info.phases_s[1][i] * 1e3],
+                             name=phase.replace("_", " "), marker_color=PHASE_COLORS.get(phase)))
+    fig.update_layout(barmode="stack", template="plotly_white", height=360, title=dict(text="Step breakdown", x=0.01),
+                      yaxis_title="time per step (ms)", margin=dict(l=60, r=30, t=50, b=45))
+    return fig

@@ -1,0 +1,60 @@
+"""RunStore: incremental reads agree with analysis.load_run; statuses; compare data."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from torsh_tune.analysis import load_run
+from torsh_tune.dashboard import RunStore, get_compare_info, get_kpis, plot_compare_breakdown
+
+from .conftest import add_run
+
+
+def test_frames_match_load_run_and_grow_incrementally(runs_dir):
+    run = add_run(runs_dir, "straggler")
+    store = RunStore(runs_dir)
+    ours, ref = store.frames("straggler"), load_run(run)
+    for kind in ("steps", "comm", "system"):
+        pd.testing.assert_frame_equal(ours.frame(kind).reset_index(drop=True), ref.frame(kind), check_dtype=False)
+    assert ours.world_size == ref.world_size and ours.ranks == ref.ranks
+
+    path = run / "ranks" / "rank00001.steps.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1])
+    line = json.dumps(dict(last, step=last["step"] + 1)) + "\n"
+    with open(path, "a") as f:
+        f.write(line[:20])  # a torn line: not read yet
+    assert len(store.frames("straggler").steps) == len(ref.steps)
+    with open(path, "a") as f:
+        f.write(line[20:] + "not json\n")
+    grown = store.frames("straggler")
+    assert len(grown.steps) == len(ref.steps) + 1
+    assert any("malformed" in w for w in grown.warnings)
+    path.write_text(path.read_text().splitlines()[0] + "\n")  # truncated/replaced: read again from the start
+    assert len(store.frames("straggler").steps[lambda d: d["rank"] == 1]) == 1
+
+
+def test_statuses_and_rows(runs_dir):
+    add_run(runs_dir, "healthy")
+    add_run(runs_dir, "data_bound", "live", status="running")
+    add_run(runs_dir, "crashed", status="error")
+    (runs_dir / "not-a-run").mkdir()
+    rows = {r.run_id: r for r in RunStore(runs_dir).list_runs()}
+    assert set(rows) == {"healthy", "live", "crashed"}
+    assert (rows["healthy"].status, rows["live"].status, rows["crashed"].status) == ("finished", "running", "failed")
+    assert rows["live"].top_bottleneck == "critical io" and rows["live"].median_step_s > 0
+    assert rows["healthy"].strategy == "ddp" and rows["healthy"].world_size == 2
+
+
+def test_kpis_and_compare(runs_dir):
+    add_run(runs_dir, "healthy")
+    add_run(runs_dir, "data_bound")
+    store = RunStore(runs_dir)
+    k = get_kpis(store.frames("healthy"))
+    assert k.num_steps == 12 and k.median_step_s > 0 and k.num_ranks_reporting == 2
+    info = get_compare_info(store.analysis("healthy"), store.analysis("data_bound"))
+    median = info.rows[0]
+    assert median["metric"] == "median step time" and median["delta_pct"] > 0  # data_bound is slower
+    assert info.bottlenecks[1][0] == "critical io"
+    assert len(plot_compare_breakdown(info).data) == len(info.phases)
