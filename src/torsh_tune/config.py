@@ -25,6 +25,7 @@ from .errors import ConfigError, invalid
 __all__ = [
     "BACKENDS",
     "BudgetConfig",
+    "CompressionConfig",
     "DDPConfig",
     "DataLoaderConfig",
     "LaunchConfig",
@@ -172,12 +173,26 @@ class DataLoaderConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompressionConfig:
+    """Gradient compression as a DDP comm hook (strategies.compression)."""
+
+    method: Literal["none", "fp16", "bf16", "powersgd", "topk", "int8"] = _f(
+        "none", "Gradient compression: none, fp16, bf16, powersgd, topk or int8 (a DDP comm hook)."
+    )
+    ratio: float = _f(0.01, "Top-K: fraction of each bucket's entries sent, in (0, 1].")
+    rank: int = _f(4, "PowerSGD: rank of the low-rank gradient approximation (>= 1).")
+    start_iter: int = _f(10, "PowerSGD: plain all-reduce for this many iterations before compressing.")
+    error_feedback: bool = _f(True, "Add each bucket's compression error to its next gradient (lossy methods).")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StrategyConfig:
     """What is applied to the user's training: parallelism and data-loading knobs."""
 
     kind: Literal["ddp"] = _f("ddp", "Parallelism strategy.")
     ddp: DDPConfig = _f(DDPConfig(), "DDP knobs.")
     dataloader: DataLoaderConfig = _f(DataLoaderConfig(), "DataLoader overrides.")
+    compression: CompressionConfig = _f(CompressionConfig(), "Gradient compression.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +279,13 @@ class RunConfig:
                 raise invalid("dataloader.prefetch_factor", "unset when num_workers is 0", dl.prefetch_factor)
         if dl.persistent_workers and dl.num_workers == 0:
             raise invalid("dataloader.persistent_workers", "false when num_workers is 0", True)
+        co = self.strategy.compression
+        if not 0 < co.ratio <= 1:
+            raise invalid("compression.ratio", "a fraction in (0, 1]", co.ratio)
+        if co.rank < 1:
+            raise invalid("compression.rank", "an integer >= 1", co.rank)
+        if co.start_iter < 0:
+            raise invalid("compression.start_iter", "an integer >= 0", co.start_iter)
         return self
 
     @property

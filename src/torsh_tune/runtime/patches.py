@@ -21,6 +21,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
 from ..profiler import TimedCommHook, default_allreduce, now
+from ..strategies.compression import hook_from_config, wire_bytes_of
 from .budget import StepBudgetReached
 
 if TYPE_CHECKING:
@@ -116,11 +117,16 @@ def _patch_ddp(rt: "RankRuntime") -> None:
                 timed = TimedCommHook(
                     rt.tracker, inner=default_allreduce, inner_state=self.process_group, name="allreduce", cuda=rt.cuda
                 )
+                # Compression hooks (configured or registered by the script) report their own bytes.
+                timed.wire_bytes_of = wire_bytes_of
                 original_register(self, None, timed)
                 self._torsh_timed_hook = timed
+        _apply_compression(rt, self, original_register)
 
     @functools.wraps(original_register)
     def register_comm_hook(self: DistributedDataParallel, state: object, hook: Any) -> None:
+        if _script_hook_replaces_compression(rt, self, state, hook):
+            return None
         timed = getattr(self, "_torsh_timed_hook", None)
         if timed is None:
             return original_register(self, state, hook)
@@ -134,7 +140,7 @@ def _patch_ddp(rt: "RankRuntime") -> None:
     @functools.wraps(original_builtin)
     def _register_builtin_comm_hook(self: DistributedDataParallel, comm_hook_type: Any) -> None:
         timed = getattr(self, "_torsh_timed_hook", None)
-        if timed is None:
+        if timed is None and getattr(self, "_torsh_compression_slot", None) is None:
             return original_builtin(self, comm_hook_type)
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -146,6 +152,59 @@ def _patch_ddp(rt: "RankRuntime") -> None:
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
     DistributedDataParallel._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+# -- gradient compression ----------------------------------------------------------------
+class _CompressionSlot:
+    """The comm hook registered when profiling is off, so that a later script hook can replace it."""
+
+    def __init__(self, hook: Any, state: Any) -> None:
+        self.inner, self.inner_state = hook, state
+        self.__qualname__ = self.__name__ = "torsh_tune_compression"
+
+    def __call__(self, state, bucket):  # noqa: ANN001, ANN204 - DDP compares annotations by identity
+        return self.inner(self.inner_state, bucket)
+
+
+def _apply_compression(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any) -> None:
+    """Install `[compression]` as the model's comm hook (inside the timing hook when there is one)."""
+    cfg = rt.config.strategy.compression
+    if cfg.method == "none":
+        return
+    state, hook = hook_from_config(cfg, model.process_group)
+    name = f"torsh_tune_{cfg.method}"
+    timed = getattr(model, "_torsh_timed_hook", None)
+    if timed is not None:
+        timed.set_inner(hook, state, name)
+    else:
+        model._torsh_compression_slot = _CompressionSlot(hook, state)
+        original_register(model, None, model._torsh_compression_slot)
+    model._torsh_compression = state
+    model.logger._set_comm_hook_name(name)
+    # A live dict: the hooks update its values, the meta written at exit shows the totals.
+    rt.meta.setdefault("compression", []).append(state.stats)
+    rt.meta["ddp_models"][-1]["comm_hook"] = name
+    rt.save_meta()
+
+
+def _script_hook_replaces_compression(rt: "RankRuntime", model: DistributedDataParallel, state: object,
+                                      hook: Any) -> bool:
+    """The script's own comm hook wins over `[compression]`; say so. True when fully handled here."""
+    comp = getattr(model, "_torsh_compression", None)
+    if comp is None:
+        return False
+    model._torsh_compression = None
+    comp.stats["replaced_by_script_hook"] = True
+    name = getattr(hook, "__qualname__", type(hook).__name__)
+    rt.note(f"compression.method={comp.method!r} has no effect on this model: the script registered its own comm hook {name}")
+    slot = getattr(model, "_torsh_compression_slot", None)
+    if slot is None:
+        return False  # the timing hook takes the script's hook as its inner hook
+    model._check_comm_hook(hook)
+    slot.inner, slot.inner_state = hook, state
+    model.logger._set_comm_hook_name(name)
+    rt.save_meta()
+    return True
 
 
 # -- DataLoader --------------------------------------------------------------------------
