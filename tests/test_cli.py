@@ -186,3 +186,20 @@ def test_compare_gates_on_a_planted_regression(tmp_path):
     worse = run_cli("compare", str(base), str(slow), "--fail-on-regression", "5", timeout=120)
     assert worse.returncode == 1, worse.stdout + worse.stderr
     assert "regressed" in worse.stdout
+
+
+def test_bench_then_profile_against_its_reference(tmp_path):
+    runs = tmp_path / "runs"
+    bench = run_cli("bench", "--nproc-per-node", "2", "--max-bytes", str(1 << 20), "--collectives", "all_reduce",
+                    "--iters", "5", "--runs-dir", str(runs), "--run-name", "bench", timeout=300, env={"COLUMNS": "160"})
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+    assert "reference busbw" in bench.stdout
+    ref = json.loads((runs / "bench" / "run.json").read_text())["reference_busbw_gbps"]
+    assert ref > 0
+    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", "5", "--warmup-steps", "1", "--reference-bench",
+                   str(runs / "bench"), "--runs-dir", str(runs), "--run-name", "p", str(SCRIPTS / "train_small.py"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((runs / "p" / "run.json").read_text())["reference_busbw_gbps"] == ref
+    bad = run_cli("profile", "--reference-bench", str(runs / "p"), "--runs-dir", str(runs), str(SCRIPTS / "train_small.py"), timeout=60)
+    assert "--reference-bench must be a finished `torsh-tune bench` run directory" in _one_line_error(bad)
+    assert "--collectives must be" in _one_line_error(run_cli("bench", "--collectives", "gossip", timeout=60))

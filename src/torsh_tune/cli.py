@@ -11,6 +11,7 @@ script's own (torchrun's convention). User mistakes print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,7 +28,7 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "report", "analyze", "compare", "dashboard")
+SUBCOMMANDS = ("profile", "report", "analyze", "compare", "dashboard", "bench")
 RUN_END_FORMATS = ("json", "md", "html")
 
 
@@ -93,6 +94,8 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
     r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
     r.add_argument("--quiet", action="store_true", help="Do not echo the script's output to the terminal.")
+    r.add_argument("--reference-bench", metavar="BENCH_RUN",
+                   help="A `torsh-tune bench` run of this fabric: its measured busbw is what `network` findings compare against.")
     r.add_argument("--dashboard", nargs="?", const=8050, type=_POSITIVE_INT, metavar="PORT",
                    help="Serve the live dashboard on 127.0.0.1:PORT (default 8050) while the run goes.")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show tracebacks of errors.")
@@ -123,6 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--fail-on-regression", type=_POSITIVE_FLOAT, metavar="PCT", default=5.0,
                       help="Exit 1 when the candidate's step time or throughput regresses by more than PCT %% beyond noise (default 5).")
     cmp_.add_argument("--format", choices=("md", "json"), default="md", help="Output format (default md).")
+    ben = sub.add_parser("bench", help="Sweep collectives over message sizes (nccl-tests style) and fit an alpha-beta model.")
+    ben.add_argument("--nproc-per-node", type=_POSITIVE_INT, default=2, help="Ranks (default 2).")
+    ben.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help=help_of(LaunchConfig, "backend"))
+    ben.add_argument("--min-bytes", type=_POSITIVE_INT, default=4 << 10, help="Smallest message (default 4 KiB).")
+    ben.add_argument("--max-bytes", type=_POSITIVE_INT, default=256 << 20, help="Largest message (default 256 MiB).")
+    ben.add_argument("--factor", type=_POSITIVE_INT, default=4, help="Size step factor (default 4).")
+    ben.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all",
+                     help="Comma-separated subset (default: all five).")
+    ben.add_argument("--iters", type=_POSITIVE_INT, default=20, help="Timed iterations per size (default 20).")
+    ben.add_argument("--warmup", type=_NON_NEGATIVE_INT, default=5, help="Untimed iterations per size (default 5).")
+    ben.add_argument("--timeout", type=_POSITIVE_FLOAT, default=600.0, metavar="SECONDS", help="Wall-clock limit (default 600).")
+    ben.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives the bench's run directory.")
+    ben.add_argument("--run-name", help="Name of the new run directory; never reused.")
     dash = sub.add_parser("dashboard", help="Serve the live Dash dashboard over a runs directory (read-only).")
     dash.add_argument("--runs-dir", default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
     dash.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1; any other needs --token).")
@@ -201,6 +217,7 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = _config_from_args(args)
     script = check_script(args.script)
     _check_backend(config)
+    reference = _reference_from_bench(args.reference_bench) if args.reference_bench else None
 
     from rich.console import Console
 
@@ -230,6 +247,13 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
         finally:
             if server is not None:
                 server.shutdown()
+    if reference is not None:
+        from .rundir import write_json_atomic
+
+        info = json.loads(run_dir.run_json.read_text())
+        info["reference_busbw_gbps"] = reference
+        info["reference_bench"] = str(Path(args.reference_bench).resolve())
+        write_json_atomic(run_dir.run_json, info)
     return _finish_run(config, run_dir, outcome, console)
 
 
@@ -283,6 +307,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = write_reports(analysis, run_dir.path, formats=tuple(args.formats or RUN_END_FORMATS), out_dir=args.out)
     render_summary(build_report_info(analysis), console, report_paths=paths)
     return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from rich.console import Console
+
+    from .bench import COLLECTIVES, render_bench_table, run_bench, size_range
+
+    collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown or not collectives:
+        raise invalid("--collectives", f"a comma-separated subset of {','.join(COLLECTIVES)}", args.collectives)
+    if args.min_bytes > args.max_bytes:
+        raise invalid("--min-bytes", f"<= --max-bytes ({args.max_bytes})", args.min_bytes)
+    if args.factor < 2:
+        raise invalid("--factor", "an integer >= 2", args.factor)
+    console = Console(highlight=False)
+    result = run_bench(
+        nproc_per_node=args.nproc_per_node, sizes=size_range(args.min_bytes, args.max_bytes, args.factor),
+        collectives=collectives, iters=args.iters, warmup=args.warmup, runs_dir=args.runs_dir,
+        backend=args.backend, timeout_s=args.timeout, run_name=args.run_name, argv=list(argv),
+        echo=lambda line: console.print(line, markup=False, highlight=False),
+    )
+    render_bench_table(result, console)
+    return EXIT_OK
+
+
+def _reference_from_bench(bench_run: str) -> float:
+    """The measured bus bandwidth recorded by a `torsh-tune bench` run."""
+    from .rundir import RunDir
+
+    run = RunDir(bench_run)
+    try:
+        value = json.loads(run.run_json.read_text()).get("reference_busbw_gbps") if (run.path / "bench.json").is_file() else None
+    except (OSError, ValueError):
+        value = None
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise invalid("--reference-bench", "a finished `torsh-tune bench` run directory", bench_run)
+    return float(value)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -373,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_analyze(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "bench":
+            return cmd_bench(args, argv)
         if args.command == "dashboard":
             from .dashboard import serve
 
