@@ -203,3 +203,18 @@ def test_bench_then_profile_against_its_reference(tmp_path):
     bad = run_cli("profile", "--reference-bench", str(runs / "p"), "--runs-dir", str(runs), str(SCRIPTS / "train_small.py"), timeout=60)
     assert "--reference-bench must be a finished `torsh-tune bench` run directory" in _one_line_error(bad)
     assert "--collectives must be" in _one_line_error(run_cli("bench", "--collectives", "gossip", timeout=60))
+
+
+def test_tune_then_apply(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_cli("tune", "--nproc-per-node", "2", "--trials", "2", "--baseline-repeats", "1", "--confirm-top", "0",
+                   "--steps", "6", "--warmup-steps", "2", "--seed", "0", "--runs-dir", str(runs), "--run-name", "s",
+                   str(SCRIPTS / "train_small.py"), timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "trial   1" in proc.stdout
+    applied = run_cli("apply", str(runs / "s"), timeout=60)
+    assert applied.returncode == 0
+    from torsh_tune.config import RunConfig
+
+    RunConfig.from_toml(applied.stdout)
+    assert "STUDY must be a study directory holding best.toml" in _one_line_error(run_cli("apply", str(tmp_path), timeout=60))

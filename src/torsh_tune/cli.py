@@ -28,7 +28,7 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "report", "analyze", "compare", "dashboard", "bench")
+SUBCOMMANDS = ("profile", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench")
 RUN_END_FORMATS = ("json", "md", "html")
 
 
@@ -115,6 +115,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     prof = sub.add_parser("profile", help="Run a script under the always-on profiler and report its bottlenecks.")
     _add_launch_options(prof)
+    tun = sub.add_parser("tune", help="Optuna study over DDP, compression, DataLoader and thread knobs; confirmed winners to best.toml.")
+    g = tun.add_argument_group("study")
+    g.add_argument("--trials", type=_POSITIVE_INT, default=20, help="Finished trials the study should hold (default 20; trial 0 = PyTorch defaults).")
+    g.add_argument("--sampler", choices=("tpe", "random", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe).")
+    g.add_argument("--seed", type=_NON_NEGATIVE_INT, help="Sampler and bootstrap seed.")
+    g.add_argument("--storage", help="Optuna storage URL (default sqlite in the study dir; journal:PATH for a shared file).")
+    g.add_argument("--study-name", default="torsh-tune", help="Optuna study name (default torsh-tune).")
+    g.add_argument("--resume", metavar="STUDY_DIR", help="Continue the study in this directory (completed trials are kept).")
+    g.add_argument("--baseline-repeats", type=_POSITIVE_INT, default=3, help="Baseline launches; their spread is the noise (default 3).")
+    g.add_argument("--confirm-top", type=_NON_NEGATIVE_INT, default=2, help="Best trials re-run against the baseline (default 2).")
+    g.add_argument("--confirm-pairs", type=_POSITIVE_INT, default=3, help="Interleaved baseline/candidate pairs each (default 3).")
+    g.add_argument("--trial-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="Wall-clock limit of one trial.")
+    g.add_argument("--study-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="No new trial starts after this.")
+    g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=0.01, help="Largest relative loss deviation from the baseline (default 0.01).")
+    g.add_argument("--space", metavar="FILE", help="TOML [space] table narrowing, widening or fixing dimensions.")
+    g.add_argument("--no-compression", action="store_true", help="Do not search gradient compression.")
+    _add_launch_options(tun)
+    app_ = sub.add_parser("apply", help="Print the tuned config (best.toml) of a study.")
+    app_.add_argument("study", help="A study directory written by `torsh-tune tune`.")
     rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report.")
     rep.add_argument("run", help="A run directory.")
     rep.add_argument("--format", action="append", choices=("json", "md", "html", "csv", "parquet"), dest="formats",
@@ -309,6 +328,76 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from .autotune import load_space_file, tune
+    from .rundir import new_run_dir
+
+    config = _config_from_args(args)
+    script = check_script(args.script)
+    _check_backend(config)
+    space = load_space_file(args.space) if args.space else None
+    if args.resume:
+        study_dir = Path(args.resume)
+        if not (study_dir / "study.db").is_file() and args.storage is None:
+            raise invalid("--resume", "a study directory holding study.db (or pass --storage)", args.resume)
+    else:
+        study_dir = new_run_dir(args.runs_dir, f"tune-{script.stem}", name=args.run_name).path
+    console = Console(highlight=False)
+    console.print(f"[bold]torsh-tune[/] tuning [cyan]{script.name}[/] on {config.world_size} rank(s) → {study_dir}")
+    best: list[float] = []
+
+    def on_run(kind: str, run: Any) -> None:
+        tp = run.measurement.throughput if run.measurement is not None else None
+        value = f"{tp.median_samples_s:,.1f} samples/s" if tp is not None else f"{run.state} {run.failure_reason}"
+        console.print(f"  {kind:<10} {value}", markup=False)
+
+    def on_trial(t: Any) -> None:
+        if t.samples_s and t.constraint_status != "violated":
+            best.append(t.samples_s)
+        obj = f"{t.samples_s:,.1f} samples/s" if t.samples_s else (t.failure_reason or "")
+        top = f"best {max(best):,.1f}" if best else ""
+        params = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
+        console.print(f"  trial {t.number:>3} {t.state:<8} {obj:<28} {top:<18} {params}", markup=False)
+
+    result = tune(
+        script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
+        sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
+        baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
+        steps=config.budget.steps, warmup_steps=config.budget.warmup_steps, trial_timeout_s=args.trial_timeout,
+        timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance, space_spec=space,
+        include_compression=not args.no_compression, cpu_count=os.cpu_count(), on_trial=on_trial, on_run=on_run,
+    )
+    b = result.baseline
+    console.print(f"baseline: {b.median_samples_s:,.1f} samples/s (run-to-run noise {100 * b.noise_rel:.1f} %)")
+    for c in result.confirmations:
+        if c.speedup is None:
+            console.print(f"trial {c.trial_number}: not confirmed ({'; '.join(c.failures) or 'no successful pair'})")
+            continue
+        verdict = "[green]confirmed faster[/]" if c.better else "not better beyond noise"
+        console.print(f"trial {c.trial_number}: paired speedup {c.speedup:.3f}x (95 % CI {c.ci_low:.3f}–{c.ci_high:.3f}) — {verdict}")
+    if result.best_trial is None:
+        console.print("no configuration beat the baseline beyond noise: best.toml is your configuration as it is")
+    else:
+        console.print(f"best: trial {result.best_trial} at {result.best_speedup:.3f}x — {result.best_params}")
+    for name, path in result.files.items():
+        console.print(f"{name}: {path}")
+    console.print(f"run it: torsh-tune profile --config {result.files.get('best.toml')} {script} {' '.join(args.script_args)}")
+    return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    path = Path(args.study) / "best.toml"
+    if not path.is_file():
+        raise invalid("STUDY", "a study directory holding best.toml", args.study)
+    load_config_file(path)  # refuse to print something `--config` would reject
+    print(path.read_text(), end="")
+    return EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
@@ -429,6 +518,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         if args.command == "profile":
             return cmd_profile(args, argv)
+        if args.command == "tune":
+            return cmd_tune(args)
+        if args.command == "apply":
+            return cmd_apply(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "analyze":

@@ -1,0 +1,136 @@
+"""What a trial is worth: steady-state throughput and the loss-trajectory quality guard.
+
+Pure (pandas + numpy): works on the step records of any run directory, recorded or live.
+
+Example:
+    >>> m = measure_run("tests/data/recorded/data_bound")  # doctest: +SKIP
+    >>> m.throughput.median_samples_s  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import load_run
+
+__all__ = ["Measurement", "Throughput", "loss_by_step", "loss_deviation", "measure_run", "throughput_of"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Steady-state throughput of a run (warm-up excluded).
+
+    Per step: global samples (sum over ranks) / global step time (the slowest rank's
+    `step_s`, since every rank waits for it in the all-reduce).
+
+    Attributes:
+        median_samples_s: Median of the per-step throughputs: the objective.
+        q25_samples_s: 25th percentile.
+        q75_samples_s: 75th percentile.
+        iqr_samples_s: q75 - q25: the spread within the run.
+        num_steps: Measured steps.
+    """
+
+    median_samples_s: float
+    q25_samples_s: float
+    q75_samples_s: float
+    iqr_samples_s: float
+    num_steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What the tuner reads back from one run directory.
+
+    Attributes:
+        throughput: None when the run has no measured step.
+        loss: Step -> mean loss across ranks (steps where the loss was read).
+        peak_mem_bytes: Largest `peak_mem_bytes` of any rank, None without records.
+        max_microbatches: Largest `num_microbatches` seen (> 1: gradient accumulation).
+        warnings: Problems found while reading.
+    """
+
+    throughput: Throughput | None
+    loss: pd.Series
+    peak_mem_bytes: int | None
+    max_microbatches: int | None
+    warnings: tuple[str, ...] = ()
+
+
+def throughput_of(steps: pd.DataFrame) -> Throughput | None:
+    """Throughput statistics of step records (the `warmup` column marks steps left out).
+
+    Returns:
+        None without any measured step (all-warm-up runs are not used: a tuner must not
+        rank configurations by their warm-up).
+    """
+    if steps.empty:
+        return None
+    kept = steps[~steps["warmup"].fillna(False).astype(bool)]
+    if kept.empty:
+        return None
+    by_step = kept.groupby("step")
+    step_s = by_step["step_s"].max().astype(float)
+    samples = by_step["samples"].sum().astype(float)
+    ok = step_s > 0
+    per_step = (samples[ok] / step_s[ok]).to_numpy()
+    if per_step.size == 0:
+        return None
+    q25, med, q75 = np.quantile(per_step, [0.25, 0.5, 0.75])
+    return Throughput(
+        median_samples_s=float(med),
+        q25_samples_s=float(q25),
+        q75_samples_s=float(q75),
+        iqr_samples_s=float(q75 - q25),
+        num_steps=int(per_step.size),
+    )
+
+
+def loss_by_step(steps: pd.DataFrame) -> pd.Series:
+    """Step -> mean loss across the ranks that read it (warm-up included: same data order)."""
+    if steps.empty:
+        return pd.Series(dtype=float)
+    loss = pd.to_numeric(steps["loss"], errors="coerce")
+    frame = pd.DataFrame({"step": steps["step"], "loss": loss}).dropna()
+    return frame.groupby("step")["loss"].mean().astype(float)
+
+
+def loss_deviation(trial_loss: pd.Series, baseline_loss: pd.Series) -> float | None:
+    """Relative deviation of the trial's mean loss from the baseline's over their common steps.
+
+    |mean(trial) - mean(baseline)| / |mean(baseline)|, both over the steps where both read
+    the loss (the same data order makes the step index comparable).
+
+    Returns:
+        None when the two share no step with a loss or the baseline's mean loss is 0.
+    """
+    common = trial_loss.index.intersection(baseline_loss.index)
+    if len(common) == 0:
+        return None
+    base = float(baseline_loss.loc[common].mean())
+    if base == 0 or not np.isfinite(base):
+        return None
+    return abs(float(trial_loss.loc[common].mean()) - base) / abs(base)
+
+
+def measure_run(run_dir: str | os.PathLike[str]) -> Measurement:
+    """Read a run directory's step records into a `Measurement`."""
+    frames = load_run(run_dir)
+    steps = frames.steps
+    if steps.empty:
+        return Measurement(throughput=None, loss=pd.Series(dtype=float), peak_mem_bytes=None,
+                           max_microbatches=None, warnings=frames.warnings)
+    peak = pd.to_numeric(steps["peak_mem_bytes"], errors="coerce").max()
+    micro = pd.to_numeric(steps["num_microbatches"], errors="coerce").max()
+    return Measurement(
+        throughput=throughput_of(steps),
+        loss=loss_by_step(steps),
+        peak_mem_bytes=None if pd.isna(peak) else int(peak),
+        max_microbatches=None if pd.isna(micro) else int(micro),
+        warnings=frames.warnings,
+    )
+

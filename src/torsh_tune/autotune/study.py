@@ -1,0 +1,594 @@
+"""The Optuna study: baseline, search (ask/tell), confirmation, results.
+
+    baseline x R  ->  noise = (max - min) / median of the R baseline throughputs
+    trial 0 = PyTorch defaults (enqueued), then the sampler's trials, each a fresh launch
+    confirmation: top K feasible trials, each against the baseline interleaved A B A B ...
+                  paired speedup = median of per-pair ratios, bootstrap 95 % CI
+    best.toml     the confirmed best (or the baseline when nothing was confirmed)
+
+A candidate is called better only when its CI lower bound is above 1 *and* its paired
+speedup exceeds the baseline noise; no speedup is reported that the confirmation did not
+support.
+
+Example:
+    >>> from torsh_tune.config import RunConfig, LaunchConfig
+    >>> result = tune("train.py", [], base_config=RunConfig(launch=LaunchConfig(nproc_per_node=2)),
+    ...               study_dir="runs/tune-1", n_trials=8)  # doctest: +SKIP
+    >>> result.best_speedup, result.best_ci  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..config import RunConfig, dump_toml
+from ..errors import ConfigError, TrialError, invalid
+from ..rundir import write_json_atomic, write_text_atomic
+from .objective import loss_deviation
+from .runner import MeasuredRun, fresh_run_dir, run_measured
+from .space import SearchSpace, build_space
+
+__all__ = ["SAMPLERS", "BaselineStats", "Confirmation", "TrialResult", "TuneResult", "make_sampler", "tune"]
+
+SAMPLERS = ("tpe", "random", "gp", "cmaes")
+
+_DEFAULT_STEPS = 20
+_BOOTSTRAP_RESAMPLES = 2000
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """One optimisation trial as recorded in the study.
+
+    Attributes:
+        number: Optuna trial number (0 is PyTorch's defaults).
+        params: Every dimension's value, fixed ones included.
+        state: Optuna state name: COMPLETE, FAIL, RUNNING, ...
+        samples_s: Median steady-state throughput (the objective), None unless COMPLETE.
+        iqr_samples_s: Spread of the per-step throughput within the run.
+        loss_deviation: Relative deviation of the mean loss from the baseline's.
+        constraint_status: "feasible", "violated", or "" (not evaluated: failed trial).
+        constraints: Constraint name -> value (<= 0 is feasible), as told to Optuna.
+        failure_reason: One line for a FAIL.
+        stderr_tail: Last log lines of the failing rank.
+        run_dir: The trial's run directory.
+    """
+
+    number: int
+    params: dict[str, Any]
+    state: str
+    samples_s: float | None = None
+    iqr_samples_s: float | None = None
+    loss_deviation: float | None = None
+    constraint_status: str = ""
+    constraints: dict[str, float] = field(default_factory=dict)
+    failure_reason: str = ""
+    stderr_tail: tuple[str, ...] = ()
+    run_dir: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineStats:
+    """The baseline (the user's config as it is) measured `baseline_repeats` times.
+
+    Attributes:
+        samples_s: Throughput of each successful repeat.
+        median_samples_s: Their median.
+        noise_rel: (max - min) / median: the run-to-run noise a trial must beat.
+        run_dirs: Run directory of every repeat.
+        max_microbatches: Largest micro-batches per step seen (static_graph is offered only at 1).
+    """
+
+    samples_s: tuple[float, ...]
+    median_samples_s: float
+    noise_rel: float
+    run_dirs: tuple[str, ...]
+    max_microbatches: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Confirmation:
+    """A candidate re-run against the baseline, interleaved A B A B ...
+
+    Attributes:
+        trial_number: The candidate's trial.
+        params: Its parameters.
+        ratios: Candidate / baseline throughput of each successful pair.
+        speedup: Median of `ratios`, None without a successful pair.
+        ci_low: Bootstrap 95 % CI of the median ratio, lower bound.
+        ci_high: Upper bound.
+        better: CI lower bound > 1 and speedup - 1 > baseline noise.
+        run_dirs: (baseline, candidate) run directories per pair.
+        failures: Why pairs were dropped.
+    """
+
+    trial_number: int
+    params: dict[str, Any]
+    ratios: tuple[float, ...]
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+    better: bool
+    run_dirs: tuple[tuple[str, str], ...] = ()
+    failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    """What a study produced.
+
+    Attributes:
+        study_name: Optuna study name.
+        storage: Optuna storage URL.
+        study_dir: Where trials/, baseline/, confirm/ and the result files live.
+        baseline: The baseline measurement and noise.
+        trials: Every trial of the study (also those of earlier, resumed sessions).
+        confirmations: One per confirmed candidate.
+        best_trial: The confirmed best trial's number, None when nothing was confirmed.
+        best_params: Its parameters ({} for the baseline).
+        best_speedup: Its confirmed paired speedup, None when nothing was confirmed.
+        best_ci: Its 95 % CI, None when nothing was confirmed.
+        best_config: The config written to best.toml (the base config when nothing won).
+        interrupted: The study was stopped by Ctrl-C/SIGTERM during a run.
+        files: Name -> path of best.toml, trials.csv, trials.parquet, result.json.
+    """
+
+    study_name: str
+    storage: str
+    study_dir: str
+    baseline: BaselineStats
+    trials: tuple[TrialResult, ...]
+    confirmations: tuple[Confirmation, ...]
+    best_trial: int | None
+    best_params: dict[str, Any]
+    best_speedup: float | None
+    best_ci: tuple[float, float] | None
+    best_config: RunConfig
+    interrupted: bool = False
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["best_config"] = self.best_config.to_dict()
+        return d
+
+
+def make_sampler(name: str, *, seed: int | None):
+    """The Optuna sampler called `name` (one of `SAMPLERS`).
+
+    Raises:
+        ConfigError: Unknown name, or its optional dependency (scipy for gp, cmaes for
+            cmaes) is not installed: said before any run starts.
+    """
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        if importlib.util.find_spec("scipy") is None:
+            raise invalid("--sampler gp", "used with scipy installed (pip install scipy)", name)
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "cmaes":
+        if importlib.util.find_spec("cmaes") is None:
+            raise invalid("--sampler cmaes", "used with the cmaes package installed (pip install cmaes)", name)
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    raise invalid("--sampler", f"one of {list(SAMPLERS)}", name)
+
+
+def _storage_of(storage: str | None, study_dir: Path):
+    """An Optuna storage object or URL: default SQLite in the study dir; `journal:PATH` a journal file."""
+    import optuna
+
+    if storage is None:
+        return f"sqlite:///{(study_dir / 'study.db').resolve()}", None
+    if storage.startswith("journal:"):
+        path = storage[len("journal:"):]
+        if not path:
+            raise invalid("--storage", "journal:PATH with a file path", storage)
+        backend = optuna.storages.journal.JournalFileBackend(path)
+        return storage, optuna.storages.JournalStorage(backend)
+    return storage, None
+
+
+def tune(
+    script: str | os.PathLike[str],
+    script_args: Sequence[str] = (),
+    *,
+    base_config: RunConfig,
+    study_dir: str | os.PathLike[str],
+    n_trials: int = 20,
+    sampler: str = "tpe",
+    seed: int | None = None,
+    storage: str | None = None,
+    study_name: str = "torsh-tune",
+    baseline_repeats: int = 3,
+    confirm_top: int = 2,
+    confirm_pairs: int = 3,
+    steps: int | None = None,
+    warmup_steps: int | None = None,
+    trial_timeout_s: float | None = None,
+    timeout_s: float | None = None,
+    loss_tolerance: float = 0.01,
+    max_peak_mem_bytes: int | None = None,
+    space_spec: Mapping[str, Any] | None = None,
+    include_compression: bool = True,
+    cuda: bool = False,
+    cpu_count: int | None = None,
+    initial_params: Sequence[Mapping[str, Any]] = (),
+    echo: Callable[[str], None] | None = None,
+    on_trial: Callable[[TrialResult], None] | None = None,
+    on_run: Callable[[str, MeasuredRun], None] | None = None,
+) -> TuneResult:
+    """Tune `script` under torchrun: baseline, Optuna search, confirmation, best.toml.
+
+    Re-opening the same `storage`/`study_name` resumes: the stored baseline is reused,
+    trials left RUNNING by a killed tuner are marked FAIL, and trials continue until the
+    study holds `n_trials` finished trials.
+
+    Args:
+        script: The user's training script.
+        script_args: Its arguments, passed through untouched.
+        base_config: The user's configuration (launch, profiler, strategy); the baseline.
+        study_dir: Directory of the study (created): baseline/, trials/NNNN/, confirm/,
+            study.db, best.toml, trials.csv, trials.parquet, result.json.
+        n_trials: Finished trials the study should hold (trial 0 is the PyTorch defaults).
+        sampler: "tpe" (default), "random", "gp" (needs scipy) or "cmaes" (needs cmaes).
+        seed: Sampler seed (and the bootstrap's).
+        storage: Optuna storage URL (default `sqlite:///STUDY_DIR/study.db`), or `journal:PATH`.
+        study_name: Optuna study name.
+        baseline_repeats: Baseline launches before the search (>= 1); their spread is the noise.
+        confirm_top: Best feasible trials re-run in the confirmation phase (0: none).
+        confirm_pairs: Baseline/candidate pairs per confirmed candidate.
+        steps: Measured steps per run (default: the base config's, else 20).
+        warmup_steps: Warm-up steps per run (default: the base config's).
+        trial_timeout_s: Wall-clock limit of one run (default: the base config's).
+        timeout_s: No new run starts after this many seconds of the study.
+        loss_tolerance: Largest relative deviation of the mean loss from the baseline's.
+        max_peak_mem_bytes: When set, a trial whose peak memory exceeds it violates a constraint.
+        space_spec: Dimension overrides (`space.parse_space` / `space.load_space_file`).
+        include_compression: Search gradient compression.
+        cuda: The ranks use CUDA (offers pin_memory).
+        cpu_count: Host cores (default os.cpu_count()).
+        initial_params: Further parameter sets enqueued after trial 0 (advisor candidates).
+        echo: Receives the ranks' output lines (default: discarded).
+        on_trial: Called with each finished optimisation trial.
+        on_run: Called with ("baseline" | "confirm-A" | "confirm-B", run) for the other runs.
+
+    Returns:
+        The TuneResult (also written to STUDY_DIR/result.json).
+
+    Raises:
+        ConfigError: Invalid arguments, space or sampler.
+        TrialError: No baseline run succeeded (the script fails under the base config).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    if n_trials < 1:
+        raise invalid("n_trials", "an integer >= 1", n_trials)
+    if baseline_repeats < 1:
+        raise invalid("baseline_repeats", "an integer >= 1", baseline_repeats)
+    if confirm_top < 0:
+        raise invalid("confirm_top", "an integer >= 0", confirm_top)
+    if confirm_pairs < 1:
+        raise invalid("confirm_pairs", "an integer >= 1", confirm_pairs)
+    if not loss_tolerance > 0:
+        raise invalid("loss_tolerance", "a number > 0", loss_tolerance)
+    if not Path(script).is_file():
+        raise invalid("script", "an existing file", str(script))
+    optuna_sampler = make_sampler(sampler, seed=seed)
+    root = Path(study_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    storage_url, storage_obj = _storage_of(storage, root)
+    run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
+    t_start = time.monotonic()
+    interrupted = False
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage_obj if storage_obj is not None else storage_url,
+        sampler=optuna_sampler,
+        direction="maximize",
+        load_if_exists=True,
+    )
+    _fail_stale_trials(study)
+
+    def launch(config: RunConfig, where: str, name: str) -> MeasuredRun:
+        return run_measured(config, fresh_run_dir(root / where, name), script, script_args, echo=echo)
+
+    # -- baseline ------------------------------------------------------------------------
+    stored = study.user_attrs.get("baseline")
+    if stored is None:
+        runs = []
+        for i in range(baseline_repeats):
+            run = launch(run_config, "baseline", f"{i:02d}")
+            runs.append(run)
+            if on_run:
+                on_run("baseline", run)
+            if run.status == "interrupted":
+                interrupted = True
+                break
+        good = [r for r in runs if r.state == "COMPLETE"]
+        if not good:
+            first = runs[0]
+            raise TrialError(
+                f"the baseline run must succeed, but got {first.failure_reason} (see {first.run_dir})"
+            )
+        loss = pd.concat([r.measurement.loss for r in good]).groupby(level=0).mean()
+        micro = [r.measurement.max_microbatches for r in good if r.measurement.max_microbatches is not None]
+        stored = {
+            "samples_s": [r.samples_s for r in good],
+            "run_dirs": [r.run_dir for r in runs],
+            "loss": {str(int(k)): float(v) for k, v in loss.items()},
+            "max_microbatches": max(micro) if micro else None,
+        }
+        study.set_user_attr("baseline", stored)
+    baseline = _baseline_stats(stored)
+    baseline_loss = pd.Series({int(k): v for k, v in stored["loss"].items()}, dtype=float)
+
+    space = build_space(
+        nproc_per_node=base_config.launch.nproc_per_node,
+        cpu_count=cpu_count,
+        cuda=cuda,
+        baseline_num_microbatches=baseline.max_microbatches,
+        include_compression=include_compression,
+        spec=space_spec,
+    )
+    if not study.trials:
+        study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
+        for params in initial_params:
+            study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
+
+    # -- search --------------------------------------------------------------------------
+    def finished() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                             TrialState.PRUNED)))
+
+    while not interrupted and finished() < n_trials:
+        if timeout_s is not None and time.monotonic() - t_start > timeout_s:
+            break
+        trial = study.ask()
+        try:
+            interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss,
+                                     loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes)
+        except KeyboardInterrupt:
+            # Ctrl-C between runs (during a run the supervisor turns it into "interrupted"):
+            # the asked trial must not stay RUNNING, and the results are still written.
+            trial.set_user_attr("failure_reason", "interrupted: the tuner was stopped")
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            interrupted = True
+        _report(study, trial.number, on_trial)
+
+    trials = tuple(_trial_result(t) for t in study.get_trials(deepcopy=False))
+
+    # -- confirmation --------------------------------------------------------------------
+    confirmations: list[Confirmation] = []
+    if not interrupted and confirm_top > 0:
+        rng = np.random.default_rng(seed)
+        base_dict = run_config.to_dict()
+        seen: set[str] = set()
+        candidates = []
+        for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"),
+                        key=lambda t: -(t.samples_s or 0.0)):
+            key = json.dumps(t.params, sort_keys=True)
+            # The baseline against itself confirms nothing.
+            if key in seen or space.to_config(run_config, t.params).to_dict() == base_dict:
+                continue
+            seen.add(key)
+            candidates.append(t)
+            if len(candidates) == confirm_top:
+                break
+        for cand in candidates:
+            config = space.to_config(run_config, cand.params)
+            ratios, dirs, failures = [], [], []
+            for i in range(confirm_pairs):
+                a = launch(run_config, "confirm", f"{cand.number:04d}-{i}-A")
+                if on_run:
+                    on_run("confirm-A", a)
+                b = launch(config, "confirm", f"{cand.number:04d}-{i}-B") if a.status != "interrupted" else a
+                if on_run and b is not a:
+                    on_run("confirm-B", b)
+                dirs.append((a.run_dir, b.run_dir))
+                if "interrupted" in (a.status, b.status):
+                    interrupted = True
+                    break
+                if a.samples_s and b.samples_s:
+                    ratios.append(b.samples_s / a.samples_s)
+                else:
+                    failures.append(f"pair {i}: " + "; ".join(
+                        f"{role} {r.failure_reason}" for role, r in (("baseline", a), ("candidate", b))
+                        if r.state != "COMPLETE"))
+            confirmations.append(_confirmation(cand, ratios, dirs, failures, baseline.noise_rel, rng))
+            if interrupted:
+                break
+
+    # -- results -------------------------------------------------------------------------
+    winners = [c for c in confirmations if c.better]
+    best = max(winners, key=lambda c: c.speedup) if winners else None
+    best_params = dict(best.params) if best else {}
+    best_config = space.to_config(base_config, best_params) if best else base_config
+    result = TuneResult(
+        study_name=study_name,
+        storage=storage_url,
+        study_dir=str(root),
+        baseline=baseline,
+        trials=trials,
+        confirmations=tuple(confirmations),
+        best_trial=best.trial_number if best else None,
+        best_params=best_params,
+        best_speedup=best.speedup if best else None,
+        best_ci=(best.ci_low, best.ci_high) if best else None,
+        best_config=best_config,
+        interrupted=interrupted,
+        files={name: str(root / name) for name in ("best.toml", "trials.csv", "trials.parquet", "result.json")},
+    )
+    write_text_atomic(root / "best.toml", dump_toml(best_config))
+    _write_trials_csv(root / "trials.csv", trials)
+    write_json_atomic(root / "result.json", result.to_dict())
+    return result
+
+
+def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series, *,
+               loss_tolerance: float, max_peak_mem_bytes: int | None) -> bool:
+    """Suggest, launch, measure and tell one trial; True when the run was interrupted."""
+    from optuna.trial import TrialState
+
+    params = space.suggest(trial)
+    trial.set_user_attr("config_params", params)
+    try:
+        config = space.to_config(run_config, params)
+    except ConfigError as exc:
+        trial.set_user_attr("status", "config_error")
+        trial.set_user_attr("failure_reason", f"config_error: {exc}")
+        study.tell(trial, state=TrialState.FAIL)
+        return False
+    run = launch(config, "trials", f"{trial.number:04d}")
+    trial.set_user_attr("run_dir", run.run_dir)
+    trial.set_user_attr("status", run.status)
+    if run.state != "COMPLETE":
+        trial.set_user_attr("failure_reason", run.failure_reason)
+        trial.set_user_attr("stderr_tail", list(run.stderr_tail))
+        study.tell(trial, state=TrialState.FAIL)
+        return run.status == "interrupted"
+    m = run.measurement
+    trial.set_user_attr("iqr_samples_s", m.throughput.iqr_samples_s)
+    trial.set_user_attr("peak_mem_bytes", m.peak_mem_bytes)
+    dev = loss_deviation(m.loss, baseline_loss)
+    trial.set_user_attr("loss_deviation", dev)
+    if dev is None:
+        # Without a comparable loss a lossy choice cannot be shown to be harmless.
+        lossy = params.get("compression.method", "none") != "none"
+        trial.set_constraint("loss_deviation", 1.0 if lossy else 0.0)
+        trial.set_user_attr("loss_check", "unavailable")
+    else:
+        trial.set_constraint("loss_deviation", dev - loss_tolerance)
+    if max_peak_mem_bytes is not None and m.peak_mem_bytes is not None:
+        trial.set_constraint("peak_mem", m.peak_mem_bytes / max_peak_mem_bytes - 1.0)
+    study.tell(trial, run.samples_s)
+    return False
+
+
+def _budgeted(base: RunConfig, *, steps: int | None, warmup_steps: int | None,
+              timeout_s: float | None) -> RunConfig:
+    """The base config with the tuner's per-run budget; the profiler must be on to measure."""
+    budget = {
+        "steps": steps if steps is not None else (base.budget.steps or _DEFAULT_STEPS),
+        "warmup_steps": warmup_steps if warmup_steps is not None else base.budget.warmup_steps,
+    }
+    if timeout_s is not None:
+        budget["timeout_s"] = timeout_s
+    return base.apply_patch({"budget": budget, "profiler": {"enabled": True}})
+
+
+def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
+    values = [float(v) for v in stored["samples_s"]]
+    median = float(np.median(values))
+    noise = (max(values) - min(values)) / median if median > 0 else 0.0
+    return BaselineStats(
+        samples_s=tuple(values),
+        median_samples_s=median,
+        noise_rel=noise,
+        run_dirs=tuple(stored["run_dirs"]),
+        max_microbatches=stored.get("max_microbatches"),
+    )
+
+
+def _fail_stale_trials(study) -> None:
+    """Trials left RUNNING by a tuner that was killed become FAIL with a reason.
+
+    Only one tuner process per study may resume this way: a second live tuner's running
+    trial would be marked failed too.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        optuna.trial.Trial(study, t._trial_id).set_user_attr(
+            "failure_reason", "stale: the tuner stopped while this trial was running"
+        )
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def _trial_result(t) -> TrialResult:
+    ua = t.user_attrs
+    constraints = dict(t.constraints) if t.state.name == "COMPLETE" else {}
+    if t.state.name != "COMPLETE":
+        status = ""
+    else:
+        status = "feasible" if all(v <= 0 for v in constraints.values()) else "violated"
+    return TrialResult(
+        number=t.number,
+        params=dict(ua.get("config_params", t.params)),
+        state=t.state.name,
+        samples_s=t.value if t.state.name == "COMPLETE" else None,
+        iqr_samples_s=ua.get("iqr_samples_s"),
+        loss_deviation=ua.get("loss_deviation"),
+        constraint_status=status,
+        constraints=constraints,
+        failure_reason=ua.get("failure_reason", ""),
+        stderr_tail=tuple(ua.get("stderr_tail", ())),
+        run_dir=ua.get("run_dir", ""),
+    )
+
+
+def _report(study, number: int, on_trial: Callable[[TrialResult], None] | None) -> None:
+    if on_trial is not None:
+        on_trial(_trial_result(study.trials[number]))
+
+
+def _confirmation(cand: TrialResult, ratios: list[float], dirs: list[tuple[str, str]], failures: list[str],
+                  noise_rel: float, rng: np.random.Generator) -> Confirmation:
+    if not ratios:
+        return Confirmation(trial_number=cand.number, params=cand.params, ratios=(), speedup=None, ci_low=None,
+                            ci_high=None, better=False, run_dirs=tuple(dirs), failures=tuple(failures))
+    r = np.asarray(ratios, dtype=float)
+    speedup = float(np.median(r))
+    # Percentile bootstrap of the median ratio; with few pairs it is coarse (and honest:
+    # with 3 pairs the CI spans the observed ratios).
+    idx = rng.integers(0, r.size, size=(_BOOTSTRAP_RESAMPLES, r.size))
+    medians = np.median(r[idx], axis=1)
+    ci_low, ci_high = (float(x) for x in np.quantile(medians, [0.025, 0.975]))
+    better = ci_low > 1.0 and speedup - 1.0 > noise_rel
+    return Confirmation(trial_number=cand.number, params=cand.params, ratios=tuple(ratios), speedup=speedup,
+                        ci_low=ci_low, ci_high=ci_high, better=better, run_dirs=tuple(dirs),
+                        failures=tuple(failures))
+
+
+_CSV_COLUMNS = ("number", "state", "params", "objective_samples_s", "iqr_samples_s", "loss_deviation",
+                "constraint_status", "failure_reason", "run_dir")
+
+
+def _write_trials_csv(path: Path, trials: Sequence[TrialResult]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(_CSV_COLUMNS)
+        for t in trials:
+            w.writerow([t.number, t.state, json.dumps(t.params, sort_keys=True), _num(t.samples_s),
+                        _num(t.iqr_samples_s), _num(t.loss_deviation), t.constraint_status, t.failure_reason,
+                        t.run_dir])
+    os.replace(tmp, path)
+    # The same table, typed, for pandas/pyarrow readers (dashboard, reports).
+    frame = pd.read_csv(path, dtype={"params": str, "failure_reason": str, "constraint_status": str, "run_dir": str},
+                        keep_default_na=False, na_values={c: [""] for c in _CSV_COLUMNS[3:6]})
+    tmp_parquet = path.with_name(f".trials.parquet.{os.getpid()}.tmp")
+    frame.to_parquet(tmp_parquet, index=False)
+    os.replace(tmp_parquet, path.with_suffix(".parquet"))
+
+
+def _num(v: float | None) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else repr(float(v))
