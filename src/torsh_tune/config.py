@@ -91,7 +91,12 @@ class ProfilerConfig:
     loss_every: int = _f(10, "Read the loss every k steps (a host sync on GPU, so not every step).")
     system_interval_s: float = _f(1.0, "Seconds between system samples (CPU, RSS, NVML).")
     flush_interval_s: float = _f(1.0, "Records are flushed to disk at least this often.")
-    comm_hook_timing: bool = _f(True, "Wrap DDP comm hooks to time every bucket's collective.")
+    comm_hook_timing: bool = _f(
+        False,
+        "Time every DDP bucket with a Python comm-hook wrapper (per-bucket records, a future hop per bucket). "
+        "Off: PyTorch's C++ all-reduce stays and DDP's own timers give one record per step; a Python hook "
+        "(the script's or compression) is always timed per bucket, at no extra cost.",
+    )
     trace_window: str | None = _f(
         None, "Deep-trace steps START:LEN with torch.profiler, e.g. '20:5' traces steps 20-24 (0-based, as in step records)."
     )

@@ -35,9 +35,12 @@ class StepTracker:
         self._loss_every = loss_every
         self._peak_memory = peak_memory or _peak_rss_bytes
         self._t_start: float | None = None
+        self._pending: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
         self._comm_seq = 0
         # Completed collectives arrive from communication threads; deque appends are atomic.
         self.comm_done: collections.deque[tuple] = collections.deque()
+        # (step, seq) -> (step-level CommRecords, exposed comm s) of collectives no hook timed.
+        self.step_comm: Callable[[int, int], tuple[list[dict[str, Any]], float]] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -71,10 +74,13 @@ class StepTracker:
         self.samples += batch_size
         self.microbatches += 1
 
+    def wants_loss(self) -> bool:
+        return self.step % self._loss_every == 0
+
     def on_backward(self, t0: float, t1: float, loss: Any) -> None:
         self.mark_activity(t0)
         self.backward_s += t1 - t0
-        if loss is not None and self.step % self._loss_every == 0:
+        if loss is not None:
             self._loss = loss
 
     def on_optimizer(self, t0: float, t1: float) -> None:
@@ -93,6 +99,17 @@ class StepTracker:
         t_start = self._t_start if self._t_start is not None else t_end
         comm = self._drain_comm()
         comm_s, exposed_s = _comm_times(comm)
+        if self.step_comm is not None and self._pending is not None:
+            # DDP's timers of a step are collected at the next forward: what they report now
+            # belongs to the previous step, which is why that step's record is still pending.
+            prev, prev_comm = self._pending
+            untimed, untimed_exposed = self.step_comm(prev["step"], self._comm_seq)
+            if untimed:
+                self._comm_seq += len(untimed)
+                prev["comm_s"] += sum(c["duration_s"] for c in untimed)
+                exposed = max(prev["exposed_comm_s"], untimed_exposed)
+                prev["exposed_comm_s"] = min(exposed, prev["backward_s"]) if prev["backward_s"] else exposed
+                prev_comm.extend(untimed)
         loss = None
         if self._loss is not None:
             try:
@@ -117,10 +134,8 @@ class StepTracker:
             "peak_mem_bytes": self._peak_memory(),
             "warmup": self.step < self._warmup,
         }
-        if self._writer is not None:
-            for c in comm:
-                self._writer.write("comm", c, t=t_end)
-            self._writer.write("steps", record, t=t_end)
+        self.flush_pending(t_end)
+        self._pending = (record, comm)
         self.step += 1
         self._t_start = t_end
         self._reset()
@@ -145,8 +160,21 @@ class StepTracker:
         self.comm_done.extendleft(reversed(later))
         return out
 
+    def flush_pending(self, t: float | None = None) -> None:
+        """Write the step record held back for DDP's lagging timers (all of it at the end of a run:
+        the last step's untimed all-reduce is never reported by DDP, its comm fields count hooks only)."""
+        if self._pending is None:
+            return
+        record, comm = self._pending
+        self._pending = None
+        if self._writer is not None:
+            for c in comm:
+                self._writer.write("comm", c, t=t)
+            self._writer.write("steps", record, t=t)
+
     def flush_comm(self) -> None:
-        """Write collectives still pending at the end of the run (waits for device events)."""
+        """Write what is still held at the end of the run (waits for device events)."""
+        self.flush_pending()
         if self._writer is not None:
             for c in self._drain_comm(wait=True):
                 self._writer.write("comm", c)

@@ -43,6 +43,7 @@ class RankRuntime:
             peak_memory=self._cuda_peak if self.cuda else None,
         )
         self.ddp_models: list[Any] = []
+        self.tracker.step_comm = self.ddp_step_comm
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -149,6 +150,40 @@ class RankRuntime:
         self.meta.setdefault("ddp_models", []).append(info)
         self.meta["ddp"] = self.meta["ddp_models"][0]
         self.save_meta()
+
+    def on_comm_hook(self, model: Any, name: str) -> None:
+        for info, m in zip(self.meta.get("ddp_models", []), self.ddp_models):
+            if m is model:
+                info["comm_hook"] = name
+        self.save_meta()
+
+    def ddp_step_comm(self, step: int, seq: int) -> tuple[list[dict[str, Any]], float]:
+        """One CommRecord per DDP model whose buckets are not timed by a Python hook.
+
+        PyTorch's C++ all-reduce stays in place for those models; DDP's own runtime timers
+        (sampled every iteration) say when the step's communication started (first bucket
+        ready) and ended, and when backward compute ended. Returns (records, exposed comm s).
+        """
+        records, exposed = [], 0.0
+        for model, info in zip(self.ddp_models, self.meta.get("ddp_models", [])):
+            if getattr(model, "_torsh_timed_hook", None) is not None:
+                continue
+            data = model._get_ddp_logging_data()
+            start, end = data.get("backward_comm_time_start"), data.get("backward_comm_time_end")
+            if not start or not end or getattr(model, "_torsh_last_comm", None) == (start, end):
+                continue  # no all-reduce this step (no_sync micro-batch) or no timer on this device
+            model._torsh_last_comm = (start, end)
+            t_issue, t_complete = start / 1e9, end / 1e9
+            compute_end = data.get("backward_compute_time_end")
+            if compute_end:
+                exposed = max(exposed, t_complete - compute_end / 1e9)
+            records.append({
+                "rank": self.rank, "step": step, "seq": seq + len(records), "bucket": -1,
+                "collective": "all_reduce", "hook": "builtin", "bytes": info["param_bytes"],
+                "wire_bytes": info["param_bytes"], "num_tensors": info["num_param_tensors"],
+                "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
+            })
+        return records, max(0.0, exposed)
 
     # -- forward hooks (hot path) ------------------------------------------------------
     def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:

@@ -113,14 +113,11 @@ def _patch_ddp(rt: "RankRuntime") -> None:
             self._set_ddp_runtime_logging_sample_rate(1)
             self.register_forward_pre_hook(rt.forward_pre_hook, with_kwargs=True)
             self.register_forward_hook(rt.forward_post_hook)
-            if rt.config.profiler.comm_hook_timing:
-                timed = TimedCommHook(
-                    rt.tracker, inner=default_allreduce, inner_state=self.process_group, name="allreduce", cuda=rt.cuda
-                )
-                # Compression hooks (configured or registered by the script) report their own bytes.
-                timed.wire_bytes_of = wire_bytes_of
-                original_register(self, None, timed)
-                self._torsh_timed_hook = timed
+            # A Python hook costs a future hop per bucket over PyTorch's C++ all-reduce, so the
+            # per-bucket timer is installed here only when asked for or when compression puts a
+            # Python hook in place anyway; otherwise DDP's own timers give one record per step.
+            if rt.config.profiler.comm_hook_timing or rt.config.strategy.compression.method != "none":
+                _install_timed_hook(rt, self, original_register, default_allreduce, self.process_group, "allreduce")
         _apply_compression(rt, self, original_register)
 
     @functools.wraps(original_register)
@@ -128,14 +125,17 @@ def _patch_ddp(rt: "RankRuntime") -> None:
         if _script_hook_replaces_compression(rt, self, state, hook):
             return None
         timed = getattr(self, "_torsh_timed_hook", None)
-        if timed is None:
+        if timed is None and not rt.config.profiler.enabled:
             return original_register(self, state, hook)
         self._check_comm_hook(hook)
         name = getattr(hook, "__qualname__", type(hook).__name__)
-        timed.set_inner(hook, state, name)
+        if timed is None:
+            # The script's Python hook already pays the future hop: timing it adds nothing.
+            _install_timed_hook(rt, self, original_register, hook, state, name)
+        else:
+            timed.set_inner(hook, state, name)
         self.logger._set_comm_hook_name(name)
-        rt.meta.setdefault("ddp", {})["comm_hook"] = name
-        rt.save_meta()
+        rt.on_comm_hook(self, name)
 
     @functools.wraps(original_builtin)
     def _register_builtin_comm_hook(self: DistributedDataParallel, comm_hook_type: Any) -> None:
@@ -152,6 +152,15 @@ def _patch_ddp(rt: "RankRuntime") -> None:
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
     DistributedDataParallel._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+def _install_timed_hook(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any, inner: Any,
+                        inner_state: Any, name: str) -> None:
+    timed = TimedCommHook(rt.tracker, inner=inner, inner_state=inner_state, name=name, cuda=rt.cuda)
+    # Compression hooks (configured or registered by the script) report their own bytes.
+    timed.wire_bytes_of = wire_bytes_of
+    original_register(model, None, timed)
+    model._torsh_timed_hook = timed
 
 
 # -- gradient compression ----------------------------------------------------------------
@@ -268,8 +277,9 @@ def _patch_backward(rt: "RankRuntime") -> None:
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            loss = tensors if isinstance(tensors, torch.Tensor) and tensors.dim() == 0 else None
-            tracker.on_backward(t0, now(), None if loss is None else loss.detach())
+            # The loss is kept (detached) only on the steps that read it.
+            keep = tracker.wants_loss() and isinstance(tensors, torch.Tensor) and tensors.dim() == 0
+            tracker.on_backward(t0, now(), tensors.detach() if keep else None)
 
     torch.autograd.backward = backward
 
