@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/torsh-tune profile --nproc-per-node 2 --steps 40 --warmup-steps 5 examples/ddp_mlp.py --hidden 512
+	$(BIN)/torsh-tune profile --nproc-per-node 2 --steps 40 --warmup-steps 5 examples/ddp_mlp.py --hidden 1024
 
 # Debian's Chromium drives the dashboard's browser tests (Playwright never downloads one).
 browser:
