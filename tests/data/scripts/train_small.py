@@ -1,7 +1,6 @@
 """A small, unmodified-style torchrun DDP script with switches for the runtime tests."""
 
 import argparse
-import os
 import sys
 
 import torch
