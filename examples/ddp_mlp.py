@@ -4,7 +4,7 @@ This is the bundled demo. It knows nothing about torsh-tune and runs three ways:
 
     python examples/ddp_mlp.py --steps 50                                   # one process
     torchrun --standalone --nproc-per-node 2 examples/ddp_mlp.py --steps 50 # DDP on gloo
-    torsh-tune examples/ddp_mlp.py -- --hidden 512                          # profiled
+    torsh-tune profile --nproc-per-node 2 examples/ddp_mlp.py --hidden 512  # profiled
 
 With `--hidden 512` and two CPU ranks a step takes a few tens of milliseconds.
 """

@@ -27,7 +27,7 @@ def add_run(runs_dir: Path, fixture: str, name: str | None = None, *, status: st
     if status is not None:
         info["status"] = status
         info["outcome"] = None if status == "running" else {"status": status}
-    info.setdefault("script", f"/work/examples/{script or fixture}.py")
+    info.setdefault("script", f"/home/user/project/examples/{script or fixture}.py")
     info.setdefault("config", {"strategy": {"kind": "ddp"}})
     info_path.write_text(json.dumps(info))
     if status == "running":  # a live run has not written its exit documents yet

@@ -32,7 +32,7 @@ def make_analysis(*, run_dir: str = "/runs/demo-run", partial: bool = False, sta
         name="demo-run",
         info={
             "name": "demo-run",
-            "script": "/work/examples/ddp_mlp.py",
+            "script": "/home/user/project/examples/ddp_mlp.py",
             "script_args": ["--hidden", "512"],
             "versions": {"torsh_tune": "0.1.0", "torch": "2.13.0", "python": "3.11.9"},
             "hostname": "node0",
