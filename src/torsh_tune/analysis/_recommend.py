@@ -249,10 +249,13 @@ def _gpu_util(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
 
 def _computation(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     c = float(b.evidence["compute_pct"])
+    overhead = float(b.evidence.get("exposed_comm_pct", 0.0)) + float(b.evidence.get("data_pct", 0.0))
+    rest = ("the distributed overheads are small" if overhead < 15.0
+            else f"data wait and exposed communication take another {overhead:.0f} % (see their findings)")
     return [_rec(
         "computation",
         "Compute-bound: scale compute (mixed precision, torch.compile, faster devices or more ranks)",
-        f"{c:.0f} % of the step is forward/backward/optimizer compute; the distributed overheads are small",
+        f"{c:.0f} % of the step is forward/backward/optimizer compute; {rest}",
         {},
         _gain(0.0, c / 2, f"compute share {c:.1f} %; a 2x faster compute (e.g. bf16 on tensor cores) saves half"),
         "medium",

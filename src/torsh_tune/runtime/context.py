@@ -106,6 +106,12 @@ class RankRuntime:
                 continue
             key = "ddp_logging" if i == 0 else f"ddp_logging_{i}"
             self.meta[key] = {k: v for k, v in data.items() if isinstance(v, (int, float, str))}
+            # The buckets DDP actually used (rebuilt after the first iteration), for the analysis.
+            sizes = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or "")
+            sizes_bytes = [int(x) for x in sizes.replace(",", " ").split() if x.isdigit()]
+            if sizes_bytes and i < len(self.meta.get("ddp_models", [])):
+                self.meta["ddp_models"][i]["num_buckets"] = len(sizes_bytes)
+                self.meta["ddp_models"][i]["bucket_sizes_bytes"] = sizes_bytes
         self.meta["t_end"] = now()
         self.save_meta()
         write_json_atomic(
