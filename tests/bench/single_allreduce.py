@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 single_allreduce.py SIZE_BYTES REPEATS OUT_JSON
 
 Each repeat: barrier, time one all_reduce; the slowest rank's time per repeat; rank 0
-writes the median to OUT_JSON.
+writes the median and the minimum to OUT_JSON.
 """
 
 import json
@@ -28,5 +28,6 @@ slowest = torch.tensor(times, dtype=torch.float64)
 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
 if dist.get_rank() == 0:
     with open(out, "w") as f:
-        json.dump({"size_bytes": size_bytes, "time_s": statistics.median(slowest.tolist())}, f)
+        json.dump({"size_bytes": size_bytes, "time_s": statistics.median(slowest.tolist()),
+                   "min_s": min(slowest.tolist())}, f)
 dist.destroy_process_group()

@@ -67,11 +67,12 @@ def test_all_reduce_time_matches_an_independent_timing(bench, size, tmp_path):
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     str(HERE / "single_allreduce.py"), str(size), "15", str(out)],
                    check=True, capture_output=True, timeout=120)
-    independent_s = json.loads(out.read_text())["time_s"]
-    measured_s = next(r["time_s"] for r in bench.rows if r["collective"] == "all_reduce" and r["size_bytes"] == size)
-    # Two ranks share two cores with everything else on this box: medians swing by 2x
-    # between runs. A generous 3x still catches a wrong size, a missing barrier or a
-    # per-iteration time summed over ranks.
+    independent_s = json.loads(out.read_text())["min_s"]
+    measured_s = next(r["time_min_s"] for r in bench.rows if r["collective"] == "all_reduce" and r["size_bytes"] == size)
+    # Two ranks share two cores with everything else on this box: small-message medians are
+    # bimodal (0.5 ms or 4 ms, seen 8x apart between two runs), so the fastest iteration of
+    # each — the physical lower bound — is compared. A generous 3x still catches a wrong
+    # size, a missing barrier or a per-iteration time summed over ranks.
     ratio = measured_s / independent_s
     assert 1 / 3 <= ratio <= 3, (measured_s, independent_s)
 
