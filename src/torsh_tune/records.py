@@ -7,8 +7,7 @@ profiler (which imports torch). One JSON object per line; timestamps are Unix se
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 __all__ = [
     "CommRecord",
@@ -83,7 +82,3 @@ RECORD_KINDS: dict[str, type] = {"steps": StepRecord, "comm": CommRecord, "syste
 def columns_of(kind: str) -> list[str]:
     """Column names of the DataFrame built from records of `kind` (steps, comm, system)."""
     return [f.name for f in fields(RECORD_KINDS[kind])]
-
-
-def to_dict(record: Any) -> dict[str, Any]:
-    return asdict(record)

@@ -4,7 +4,7 @@ from ._clock import now
 from .comm import TimedCommHook, default_allreduce
 from .steps import StepTracker
 from .system import SystemSampler, open_nvml_device
-from .writer import RecordWriter, write_json_atomic
+from .writer import RecordWriter
 
 __all__ = [
     "RecordWriter",
@@ -14,5 +14,4 @@ __all__ = [
     "default_allreduce",
     "now",
     "open_nvml_device",
-    "write_json_atomic",
 ]

@@ -7,10 +7,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ..rundir import RunDir, write_json_atomic
+from ..rundir import RunDir
 from ._clock import now
 
-__all__ = ["RecordWriter", "write_json_atomic"]
+__all__ = ["RecordWriter"]
 
 
 class _Stream:

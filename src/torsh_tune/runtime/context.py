@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from ..config import RunConfig
-from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device, write_json_atomic
+from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device
 from ..profiler.traces import TraceWindows
-from ..rundir import RunDir
+from ..rundir import RunDir, write_json_atomic
 from .patches import _batch_size
 
 __all__ = ["RankRuntime"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -316,7 +315,3 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
-
-
-def warn_once(message: str) -> None:
-    warnings.warn(message, stacklevel=3)
