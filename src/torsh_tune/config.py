@@ -24,15 +24,25 @@ from .errors import ConfigError, invalid
 
 __all__ = [
     "BACKENDS",
+    "COMPRESSION_METHODS",
+    "PIPELINE_SCHEDULES",
+    "STRATEGY_KINDS",
     "BudgetConfig",
+    "CollectivesConfig",
     "CompressionConfig",
     "DDPConfig",
     "DataLoaderConfig",
+    "DistEnv",
+    "DistributedConfig",
+    "FSDPConfig",
     "LaunchConfig",
+    "PipelineConfig",
     "ProfilerConfig",
     "RunConfig",
     "StrategyConfig",
     "ThresholdsConfig",
+    "TrainingConfig",
+    "dist_env",
     "dump_toml",
     "help_of",
     "load_config_file",
@@ -156,15 +166,95 @@ class ThresholdsConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DistributedConfig:
+    """Process-group and per-rank settings (the ToRSh guide's [distributed])."""
+
+    timeout_s: float | None = _f(
+        None, "Timeout of collectives in seconds (init_process_group timeout; PyTorch default 600 s on gloo)."
+    )
+    omp_num_threads: int | None = _f(
+        None, "OMP_NUM_THREADS of every rank (torchrun sets 1 for multi-process jobs); on CPU often the largest win."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class DDPConfig:
     """DistributedDataParallel knobs; None keeps the script's (or PyTorch's) own value."""
 
     bucket_cap_mb: float | None = _f(None, "Gradient bucket size in MiB (PyTorch default 25).")
     first_bucket_cap_mb: float | None = _f(None, "Size of the first bucket in MiB (PyTorch default 1).")
+    bucket_cap_mb_list: list[float] | None = _f(
+        None, "Size of every bucket in MiB, in order (torch 2.13's bucket_cap_mb_list); the last entry repeats."
+    )
     gradient_as_bucket_view: bool | None = _f(None, "Let gradients alias bucket memory (saves a copy).")
     static_graph: bool | None = _f(None, "Declare the graph static (enables DDP optimisations).")
     find_unused_parameters: bool | None = _f(None, "Search for parameters without gradients each step.")
     broadcast_buffers: bool | None = _f(None, "Broadcast buffers from rank 0 before each forward.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FSDPConfig:
+    """FSDP2 (`fully_shard`) options for strategy kinds fsdp and hsdp (API mode: `torsh_tune.parallelize`)."""
+
+    reshard_after_forward: bool | int = _f(
+        True,
+        "true: full shard (parameters freed after forward); false: grad-op shard (kept until backward); "
+        "an integer: reshard to groups of that many ranks after forward (partial reshard, divides the shard group).",
+    )
+    mixed_precision: Literal["none", "fp16", "bf16"] = _f(
+        "none", "Compute dtype of parameters in forward/backward (MixedPrecisionPolicy param_dtype)."
+    )
+    reduce_dtype: Literal["fp32", "fp16", "bf16"] | None = _f(
+        None, "Dtype of the gradient reduce-scatter (default: fp32 under mixed precision)."
+    )
+    cpu_offload: bool = _f(False, "Keep sharded parameters and optimizer state in host memory (CPUOffloadPolicy; GPU only).")
+    wrap: list[str] = _f(
+        [],
+        "Module names (fnmatch patterns such as 'blocks.*') sharded as units of their own; empty: every child "
+        "of the model's nn.ModuleList/nn.Sequential blocks.",
+    )
+    replicate_degree: int | None = _f(
+        None, "HSDP: replicas of the 2-D mesh (replicate x shard); default: the number of nodes."
+    )
+
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    """Pipeline parallelism with torch.distributed.pipelining (API mode)."""
+
+    schedule: Literal["gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv"] = _f(
+        "1f1b", "Pipeline schedule: gpipe, 1f1b, interleaved1f1b, loopedbfs, interleavedzb or zbv."
+    )
+    n_microbatches: int = _f(4, "Micro-batches per step; the batch's first dimension must divide by it.")
+    split_points: list[str] = _f(
+        [], "Module names where a new stage begins (split before each), e.g. ['blocks.4']; stages = splits + 1."
+    )
+    stages_per_rank: int = _f(
+        1, "Virtual stages per rank: 1 for gpipe/1f1b, >= 2 for interleaved1f1b/loopedbfs/interleavedzb, 2 for zbv."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectivesConfig:
+    """Collective algorithms: NCCL variables set through the launcher, and the hierarchical all-reduce."""
+
+    nccl_algo: str | None = _f(
+        None, "NCCL_ALGO of every rank, e.g. 'Ring', 'Tree' or per collective 'allreduce:tree;allgather:ring'."
+    )
+    nccl_proto: str | None = _f(None, "NCCL_PROTO of every rank: Simple, LL or LL128 (comma-separated, '^' excludes).")
+    nccl_min_nchannels: int | None = _f(None, "NCCL_MIN_NCHANNELS of every rank.")
+    nccl_max_nchannels: int | None = _f(None, "NCCL_MAX_NCHANNELS of every rank.")
+    hierarchical: bool = _f(
+        False,
+        "DDP all-reduce as intra-node reduce-scatter, inter-node all-reduce, intra-node all-gather "
+        "(a comm hook; moves 1/ranks_per_node of the bytes over the slow link).",
+    )
+    ranks_per_node: int | None = _f(
+        None, "Node size for the hierarchical all-reduce; default: torchrun's LOCAL_WORLD_SIZE."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,27 +267,218 @@ class DataLoaderConfig:
     persistent_workers: bool | None = _f(None, "Keep workers alive between epochs.")
 
 
+COMPRESSION_METHODS = ("none", "fp16", "bf16", "powersgd", "topk", "int8", "adaptive")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CompressionConfig:
     """Gradient compression as a DDP comm hook (strategies.compression)."""
 
-    method: Literal["none", "fp16", "bf16", "powersgd", "topk", "int8"] = _f(
-        "none", "Gradient compression: none, fp16, bf16, powersgd, topk or int8 (a DDP comm hook)."
+    method: Literal["none", "fp16", "bf16", "powersgd", "topk", "int8", "adaptive"] = _f(
+        "none", "Gradient compression: none, fp16, bf16, powersgd, topk, int8 or adaptive (a DDP comm hook)."
     )
-    ratio: float = _f(0.01, "Top-K: fraction of each bucket's entries sent, in (0, 1].")
+    ratio: float = _f(0.01, "Top-K (and adaptive's starting) fraction of each bucket's entries sent, in (0, 1].")
     rank: int = _f(4, "PowerSGD: rank of the low-rank gradient approximation (>= 1).")
     start_iter: int = _f(10, "PowerSGD: plain all-reduce for this many iterations before compressing.")
-    error_feedback: bool = _f(True, "Add each bucket's compression error to its next gradient (lossy methods).")
+    error_feedback: bool = _f(True, "Add each bucket's compression residual to its next gradient (lossy methods).")
+    min_ratio: float = _f(0.001, "Adaptive: smallest ratio it may move to, in (0, ratio].")
+    max_ratio: float = _f(0.25, "Adaptive: largest ratio it may move to, in [ratio, 1].")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """What `torsh_tune.train_step` and `parallelize` do around the user's step (API mode)."""
+
+    gradient_accumulation_steps: int = _f(
+        1, "Micro-batches per optimizer step (no_sync on all but the last); multiplies the effective batch."
+    )
+    max_grad_norm: float | None = _f(None, "Clip the global gradient norm to this value before each step.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = _f(
+        "none", "Scale the optimizer's learning rates by the world size (linear) or its square root (sqrt)."
+    )
+    lr_warmup_steps: int = _f(0, "Ramp the (scaled) learning rates linearly over this many steps.")
+
+
+STRATEGY_KINDS = ("ddp", "fsdp", "hsdp", "pipeline")
 
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyConfig:
-    """What is applied to the user's training: parallelism and data-loading knobs."""
+    """What is applied to the user's training: parallelism, collectives, data-loading and training knobs."""
 
-    kind: Literal["ddp"] = _f("ddp", "Parallelism strategy.")
+    kind: Literal["ddp", "fsdp", "hsdp", "pipeline"] = _f(
+        "ddp", "Parallelism: ddp, fsdp (FSDP2), hsdp (FSDP2 on a 2-D mesh) or pipeline (API mode for all but ddp)."
+    )
+    distributed: DistributedConfig = _f(DistributedConfig(), "Process-group settings.")
     ddp: DDPConfig = _f(DDPConfig(), "DDP knobs.")
-    dataloader: DataLoaderConfig = _f(DataLoaderConfig(), "DataLoader overrides.")
+    fsdp: FSDPConfig = _f(FSDPConfig(), "FSDP2/HSDP options.")
+    pipeline: PipelineConfig = _f(PipelineConfig(), "Pipeline options.")
     compression: CompressionConfig = _f(CompressionConfig(), "Gradient compression.")
+    collectives: CollectivesConfig = _f(CollectivesConfig(), "Collective algorithms.")
+    dataloader: DataLoaderConfig = _f(DataLoaderConfig(), "DataLoader overrides.")
+    training: TrainingConfig = _f(TrainingConfig(), "Training-step options.")
+
+    def validate(self, *, world_size: int | None = None, nnodes: int | None = None) -> "StrategyConfig":
+        """Check the strategy's own values and combinations; raise ConfigError on the first violation.
+
+        `world_size`/`nnodes` add the checks that need them (HSDP mesh, pipeline stages,
+        hierarchical node size); the ranks call it again with torchrun's values.
+        """
+        _validate_strategy(self, world_size, nnodes)
+        return self
+
+    def collective_env(self) -> dict[str, str]:
+        """Environment variables every rank needs for these collective and thread settings."""
+        co, di = self.collectives, self.distributed
+        pairs = {
+            "NCCL_ALGO": co.nccl_algo,
+            "NCCL_PROTO": co.nccl_proto,
+            "NCCL_MIN_NCHANNELS": co.nccl_min_nchannels,
+            "NCCL_MAX_NCHANNELS": co.nccl_max_nchannels,
+            "OMP_NUM_THREADS": di.omp_num_threads,
+        }
+        return {k: str(v) for k, v in pairs.items() if v is not None}
+
+
+def _validate_strategy(st: StrategyConfig, world_size: int | None, nnodes: int | None) -> None:
+    ddp, dl, co, fs, pp, cl, tr, di = (st.ddp, st.dataloader, st.compression, st.fsdp, st.pipeline,
+                                       st.collectives, st.training, st.distributed)
+    for name in ("bucket_cap_mb", "first_bucket_cap_mb"):
+        v = getattr(ddp, name)
+        if v is not None and v <= 0:
+            raise invalid(f"ddp.{name}", "a number of MiB > 0", v)
+    if ddp.bucket_cap_mb_list is not None:
+        if not ddp.bucket_cap_mb_list or any(v <= 0 for v in ddp.bucket_cap_mb_list):
+            raise invalid("ddp.bucket_cap_mb_list", "a non-empty list of MiB > 0", ddp.bucket_cap_mb_list)
+        if ddp.first_bucket_cap_mb is not None:
+            raise invalid("ddp.first_bucket_cap_mb", "unset when ddp.bucket_cap_mb_list sizes every bucket",
+                          ddp.first_bucket_cap_mb)
+    if dl.num_workers is not None and dl.num_workers < 0:
+        raise invalid("dataloader.num_workers", "an integer >= 0", dl.num_workers)
+    if dl.prefetch_factor is not None:
+        if dl.prefetch_factor < 1:
+            raise invalid("dataloader.prefetch_factor", "an integer >= 1", dl.prefetch_factor)
+        if dl.num_workers == 0:
+            raise invalid("dataloader.prefetch_factor", "unset when num_workers is 0", dl.prefetch_factor)
+    if dl.persistent_workers and dl.num_workers == 0:
+        raise invalid("dataloader.persistent_workers", "false when num_workers is 0", True)
+    if not 0 < co.ratio <= 1:
+        raise invalid("compression.ratio", "a fraction in (0, 1]", co.ratio)
+    if co.rank < 1:
+        raise invalid("compression.rank", "an integer >= 1", co.rank)
+    if co.start_iter < 0:
+        raise invalid("compression.start_iter", "an integer >= 0", co.start_iter)
+    if co.method == "adaptive":
+        if not 0 < co.min_ratio <= co.ratio:
+            raise invalid("compression.min_ratio", f"in (0, compression.ratio={co.ratio}]", co.min_ratio)
+        if not co.ratio <= co.max_ratio <= 1:
+            raise invalid("compression.max_ratio", f"in [compression.ratio={co.ratio}, 1]", co.max_ratio)
+    if di.timeout_s is not None and di.timeout_s <= 0:
+        raise invalid("distributed.timeout_s", "a number > 0", di.timeout_s)
+    if di.omp_num_threads is not None and di.omp_num_threads < 1:
+        raise invalid("distributed.omp_num_threads", "an integer >= 1", di.omp_num_threads)
+    for name in ("nccl_min_nchannels", "nccl_max_nchannels"):
+        v = getattr(cl, name)
+        if v is not None and v < 1:
+            raise invalid(f"collectives.{name}", "an integer >= 1", v)
+    if cl.nccl_min_nchannels and cl.nccl_max_nchannels and cl.nccl_min_nchannels > cl.nccl_max_nchannels:
+        raise invalid("collectives.nccl_min_nchannels", f"<= collectives.nccl_max_nchannels ({cl.nccl_max_nchannels})",
+                      cl.nccl_min_nchannels)
+    if cl.nccl_algo is not None:
+        _check_nccl_algo(cl.nccl_algo)
+    if cl.nccl_proto is not None:
+        protos = [p for p in cl.nccl_proto.lstrip("^").split(",") if p]
+        if not protos or any(p.lower() not in ("simple", "ll", "ll128") for p in protos):
+            raise invalid("collectives.nccl_proto", "a comma-separated list of Simple, LL, LL128 (optionally after '^')",
+                          cl.nccl_proto)
+    if cl.ranks_per_node is not None and cl.ranks_per_node < 1:
+        raise invalid("collectives.ranks_per_node", "an integer >= 1", cl.ranks_per_node)
+    if tr.gradient_accumulation_steps < 1:
+        raise invalid("training.gradient_accumulation_steps", "an integer >= 1", tr.gradient_accumulation_steps)
+    if tr.max_grad_norm is not None and tr.max_grad_norm <= 0:
+        raise invalid("training.max_grad_norm", "a number > 0", tr.max_grad_norm)
+    if tr.lr_warmup_steps < 0:
+        raise invalid("training.lr_warmup_steps", "an integer >= 0", tr.lr_warmup_steps)
+    if isinstance(fs.reshard_after_forward, int) and not isinstance(fs.reshard_after_forward, bool):
+        if fs.reshard_after_forward < 1:
+            raise invalid("fsdp.reshard_after_forward", "true, false or an integer >= 1", fs.reshard_after_forward)
+    if fs.replicate_degree is not None and fs.replicate_degree < 1:
+        raise invalid("fsdp.replicate_degree", "an integer >= 1", fs.replicate_degree)
+    if pp.n_microbatches < 1:
+        raise invalid("pipeline.n_microbatches", "an integer >= 1", pp.n_microbatches)
+    if pp.stages_per_rank < 1:
+        raise invalid("pipeline.stages_per_rank", "an integer >= 1", pp.stages_per_rank)
+    if len(set(pp.split_points)) != len(pp.split_points):
+        raise invalid("pipeline.split_points", "distinct module names", pp.split_points)
+    looped = pp.schedule in ("interleaved1f1b", "loopedbfs", "interleavedzb", "zbv")
+    if pp.schedule == "zbv" and pp.stages_per_rank != 2:
+        raise invalid("pipeline.stages_per_rank", "2 for the zbv schedule (a V of two stages per rank)", pp.stages_per_rank)
+    if st.kind == "pipeline" and looped and pp.stages_per_rank < 2:
+        raise invalid("pipeline.stages_per_rank", f">= 2 for the {pp.schedule} schedule (looped stages)", pp.stages_per_rank)
+    if st.kind == "pipeline" and not looped and pp.stages_per_rank != 1:
+        raise invalid("pipeline.stages_per_rank", f"1 for the {pp.schedule} schedule (one stage per rank)", pp.stages_per_rank)
+
+    # Combinations: every "these cannot be combined" rule lives here.
+    if st.kind != "ddp" and co.method != "none":
+        raise invalid("compression.method", f"'none' with strategy kind {st.kind!r} (compression is a DDP comm hook)",
+                      co.method)
+    if st.kind != "ddp" and cl.hierarchical:
+        raise invalid("collectives.hierarchical", f"false with strategy kind {st.kind!r} (it is a DDP comm hook)", True)
+    if cl.hierarchical and co.method != "none":
+        raise invalid("collectives.hierarchical", "false when gradient compression is on (both are the DDP comm hook)",
+                      True)
+    if st.kind == "pipeline" and tr.gradient_accumulation_steps > 1:
+        raise invalid("training.gradient_accumulation_steps",
+                      "1 with strategy kind 'pipeline' (raise pipeline.n_microbatches instead)",
+                      tr.gradient_accumulation_steps)
+    if world_size is None:
+        return
+    if st.kind == "hsdp":
+        replicas = fs.replicate_degree if fs.replicate_degree is not None else (nnodes or 1)
+        if replicas > world_size or world_size % replicas:
+            raise invalid("fsdp.replicate_degree", f"a divisor of the world size {world_size} (HSDP mesh replicate x shard)",
+                          replicas)
+        shard = world_size // replicas
+        if isinstance(fs.reshard_after_forward, int) and not isinstance(fs.reshard_after_forward, bool):
+            if shard % fs.reshard_after_forward:
+                raise invalid("fsdp.reshard_after_forward", f"a divisor of the shard group size {shard}",
+                              fs.reshard_after_forward)
+    if st.kind == "fsdp":
+        if isinstance(fs.reshard_after_forward, int) and not isinstance(fs.reshard_after_forward, bool):
+            if world_size % fs.reshard_after_forward:
+                raise invalid("fsdp.reshard_after_forward", f"a divisor of the world size {world_size}",
+                              fs.reshard_after_forward)
+        if fs.replicate_degree is not None:
+            raise invalid("fsdp.replicate_degree", "unset with strategy kind 'fsdp' (use kind 'hsdp' for a 2-D mesh)",
+                          fs.replicate_degree)
+    if st.kind == "pipeline" and pp.split_points:
+        stages = len(pp.split_points) + 1
+        if stages != world_size * pp.stages_per_rank:
+            raise invalid("pipeline.split_points",
+                          f"{world_size * pp.stages_per_rank - 1} names ({world_size} ranks x "
+                          f"{pp.stages_per_rank} stages per rank = {world_size * pp.stages_per_rank} stages)",
+                          pp.split_points)
+    if cl.hierarchical:
+        per_node = cl.ranks_per_node
+        if per_node is not None and (per_node > world_size or world_size % per_node):
+            raise invalid("collectives.ranks_per_node", f"a divisor of the world size {world_size}", per_node)
+
+
+_NCCL_ALGOS = ("ring", "tree", "collnet", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat")
+_NCCL_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "sendrecv", "alltoall")
+
+
+def _check_nccl_algo(text: str) -> None:
+    """NCCL_ALGO: 'Ring,Tree', '^Tree' or per collective 'allreduce:tree,ring;allgather:ring'."""
+    rule = (f"a comma-separated list of {', '.join(_NCCL_ALGOS)} (optionally after '^'), or "
+            "'collective:algos;...' per collective")
+    for part in text.split(";"):
+        coll, _, algos = part.rpartition(":")
+        if coll and coll.strip().lower() not in _NCCL_COLLECTIVES:
+            raise invalid("collectives.nccl_algo", rule, text)
+        names = [a.strip().lower() for a in algos.strip().lstrip("^").split(",")]
+        if not names or any(a not in _NCCL_ALGOS for a in names):
+            raise invalid("collectives.nccl_algo", rule, text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,27 +551,7 @@ class RunConfig:
             raise invalid("thresholds.io_high_pct", "<= thresholds.io_critical_pct", th.io_high_pct)
         if th.memory_high_pct > th.memory_critical_pct:
             raise invalid("thresholds.memory_high_pct", "<= thresholds.memory_critical_pct", th.memory_high_pct)
-        ddp, dl = self.strategy.ddp, self.strategy.dataloader
-        for name in ("bucket_cap_mb", "first_bucket_cap_mb"):
-            v = getattr(ddp, name)
-            if v is not None and v <= 0:
-                raise invalid(f"ddp.{name}", "a number of MiB > 0", v)
-        if dl.num_workers is not None and dl.num_workers < 0:
-            raise invalid("dataloader.num_workers", "an integer >= 0", dl.num_workers)
-        if dl.prefetch_factor is not None:
-            if dl.prefetch_factor < 1:
-                raise invalid("dataloader.prefetch_factor", "an integer >= 1", dl.prefetch_factor)
-            if dl.num_workers == 0:
-                raise invalid("dataloader.prefetch_factor", "unset when num_workers is 0", dl.prefetch_factor)
-        if dl.persistent_workers and dl.num_workers == 0:
-            raise invalid("dataloader.persistent_workers", "false when num_workers is 0", True)
-        co = self.strategy.compression
-        if not 0 < co.ratio <= 1:
-            raise invalid("compression.ratio", "a fraction in (0, 1]", co.ratio)
-        if co.rank < 1:
-            raise invalid("compression.rank", "an integer >= 1", co.rank)
-        if co.start_iter < 0:
-            raise invalid("compression.start_iter", "an integer >= 0", co.start_iter)
+        self.strategy.validate(world_size=self.world_size, nnodes=self.launch.nnodes)
         return self
 
     @property
@@ -428,6 +689,10 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         if not isinstance(value, str):
             raise invalid(path, "a string", value)
         return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise invalid(path, "a list", value)
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
             raise invalid(path, "a table", value)
@@ -445,6 +710,73 @@ def _check_types(obj: Any, path: str) -> None:
             _check_types(value, sub)
         else:
             _coerce(hints[f.name], value, sub)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistEnv:
+    """A rank's place in the job, as torchrun (or any launcher setting its variables) describes it."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+
+    @property
+    def nnodes(self) -> int:
+        """Number of nodes, assuming the same number of ranks on each (torchrun's layout)."""
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // max(1, self.local_world_size)
+
+
+def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
+    """Read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT the torchrun way.
+
+    Returns None when the process was not started by a distributed launcher (no RANK and no
+    WORLD_SIZE), so the same script runs alone, as in nanoGPT's
+    `ddp = int(os.environ.get("RANK", -1)) != -1`.
+
+    Raises:
+        ConfigError: a variable is present but not a valid integer, or out of range.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return None
+
+    def integer(name: str, default: int | None, low: int) -> int | None:
+        raw = env.get(name)
+        if raw is None or raw == "":
+            if default is None:
+                raise invalid(f"environment variable {name}", "set when RANK or WORLD_SIZE is", None)
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise invalid(f"environment variable {name}", f"an integer >= {low}", raw) from None
+        if value < low:
+            raise invalid(f"environment variable {name}", f"an integer >= {low}", raw)
+        return value
+
+    world = integer("WORLD_SIZE", None, 1)
+    rank = integer("RANK", None, 0)
+    if rank >= world:
+        raise invalid("environment variable RANK", f"< WORLD_SIZE ({world})", env.get("RANK"))
+    local_world = integer("LOCAL_WORLD_SIZE", world, 1)
+    local_rank = integer("LOCAL_RANK", rank % local_world, 0)
+    if local_rank >= local_world:
+        raise invalid("environment variable LOCAL_RANK", f"< LOCAL_WORLD_SIZE ({local_world})", env.get("LOCAL_RANK"))
+    port = env.get("MASTER_PORT")
+    master_port = None if not port else integer("MASTER_PORT", None, 1)
+    if master_port is not None and master_port > 65535:
+        raise invalid("environment variable MASTER_PORT", "a port in [1, 65535]", port)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+                   master_addr=env.get("MASTER_ADDR") or None, master_port=master_port)
 
 
 def help_of(cls: type, name: str) -> str:
@@ -495,6 +827,8 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
         return "{ " + ", ".join(f"{json.dumps(str(k))} = {json.dumps(str(x))}" for k, x in v.items()) + " }"
     return json.dumps(str(v))
