@@ -1,8 +1,32 @@
-"""torsh-tune: profile, diagnose and tune PyTorch distributed training."""
+"""torsh-tune: profile, diagnose and tune PyTorch distributed training.
+
+`parallelize` and `train_step` (API mode) import torch on first use only, so that the
+torch-free layers (analysis, reports, dashboard, autotune) stay torch-free.
+"""
+
+from typing import Any
 
 from .config import RunConfig, StrategyConfig
 from .errors import ConfigError, LaunchError, TorshTuneError, TrialError
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "LaunchError", "RunConfig", "StrategyConfig", "TorshTuneError", "TrialError", "__version__"]
+__all__ = [
+    "ConfigError",
+    "LaunchError",
+    "RunConfig",
+    "StrategyConfig",
+    "TorshTuneError",
+    "TrialError",
+    "__version__",
+    "parallelize",
+    "train_step",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("parallelize", "train_step", "PipelineModule"):
+        from .runtime import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'torsh_tune' has no attribute {name!r}")

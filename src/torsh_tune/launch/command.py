@@ -141,13 +141,17 @@ def build_run_env(
 ) -> dict[str, str]:
     """The environment torchrun (and so every rank) starts with.
 
-    `base` (default `os.environ`) overlaid with `config.launch.env`, then the variables
+    `base` (default `os.environ`) overlaid with `config.launch.env`, then the strategy's
+    collective variables (NCCL_ALGO, NCCL_PROTO, NCCL_MIN/MAX_NCHANNELS, OMP_NUM_THREADS), then the variables
     torsh-tune owns: TORSH_TUNE_RUN_DIR, TORSH_TUNE_CONFIG (path of config.json, which
     must have been written with `write_config_json`), TORSH_TUNE_RUN_ID, PYTHONUNBUFFERED=1
     (live output through torchrun's tee) and torchrun's log-line prefix template.
     """
     env = dict(os.environ if base is None else base)
     env.update({str(k): str(v) for k, v in config.launch.env.items()})
+    # [collectives] NCCL variables and [distributed] omp_num_threads: NCCL reads its variables
+    # once per process, so they are set for the launch, never from inside a rank.
+    env.update(config.strategy.collective_env())
     env[ENV_RUN_DIR] = str(run_dir.path.resolve())
     env[ENV_CONFIG] = str(run_dir.config_json.resolve())
     env[ENV_RUN_ID] = run_id

@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import RunConfig, dist_env
 from ..errors import ConfigError
 from ..rundir import ENV_CONFIG, ENV_RUN_DIR, RunDir
 
@@ -57,6 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     from .context import RankRuntime
 
     rt = RankRuntime(config, run_dir)
+    try:
+        env = dist_env()
+        if env is not None:  # the checks that need the launcher's world size (HSDP mesh, pipeline stages, ...)
+            per_node = config.strategy.collectives.ranks_per_node or env.local_world_size
+            config.strategy.validate(world_size=env.world_size, nnodes=max(1, env.world_size // per_node))
+    except ConfigError as exc:
+        rt.finish("config_error", error=exc)
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+        return 2
     patches.install(rt)
     rt.start()
 

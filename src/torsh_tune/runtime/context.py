@@ -9,24 +9,36 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config import RunConfig, dist_env
 from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
 from .patches import _batch_size
 
-__all__ = ["RankRuntime"]
+__all__ = ["RankRuntime", "active_runtime"]
+
+_ACTIVE: "RankRuntime | None" = None
+
+
+def active_runtime() -> "RankRuntime | None":
+    """The runtime of this rank when it runs under torsh-tune's bootstrap, else None."""
+    return _ACTIVE
 
 
 class RankRuntime:
     """Everything one rank's instrumentation needs, created once by the bootstrap."""
 
     def __init__(self, config: RunConfig, run_dir: RunDir | None) -> None:
+        global _ACTIVE
+        _ACTIVE = self
         self.config = config
         self.run_dir = run_dir
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        env = dist_env()
+        self.rank = env.rank if env else 0
+        self.local_rank = env.local_rank if env else 0
+        self.world_size = env.world_size if env else 1
+        self.local_world_size = env.local_world_size if env else 1
+        self.parallelized: list[tuple[Any, Any]] = []  # (model, pipeline runner or None) from the API
         self.cuda = torch.cuda.is_available()
         self.steps_done = 0
         budget = config.budget
@@ -92,6 +104,12 @@ class RankRuntime:
         if self.traces is not None:
             self.traces.close()
             self.meta["trace_windows"] = [w["window"] for w in self.traces.windows]
+        kind = self.config.strategy.kind
+        if kind != "ddp" and not self.parallelized and status in ("ok", "budget"):
+            self.note(f"strategy.kind={kind!r} had no effect: the script never called torsh_tune.parallelize")
+        for _, runner in self.parallelized:
+            if runner is not None:
+                self.meta["pipeline"] = runner.stats()
         if self.writer is None:
             return
         try:
@@ -155,6 +173,19 @@ class RankRuntime:
         }
         self.meta.setdefault("ddp_models", []).append(info)
         self.meta["ddp"] = self.meta["ddp_models"][0]
+        self.save_meta()
+
+    def on_parallelize(self, model: Any, facts: dict[str, Any], runner: Any) -> None:
+        """`torsh_tune.parallelize` applied a strategy: record it and probe the model's forward."""
+        self.parallelized.append((model, runner))
+        self.meta["strategy"] = facts
+        if runner is not None:
+            self.meta["pipeline"] = facts.get("pipeline")
+        if self.config.profiler.enabled and facts["kind"] != "ddp":  # DDP's constructor patch probes DDP
+            modules = list(model.stages) if runner is not None else [model]
+            for module in modules:
+                module.register_forward_pre_hook(self.forward_pre_hook, with_kwargs=True)
+                module.register_forward_hook(self.forward_post_hook)
         self.save_meta()
 
     def on_comm_hook(self, model: Any, name: str) -> None:
