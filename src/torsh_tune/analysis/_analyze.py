@@ -70,7 +70,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 
-    pipeline = next((m["pipeline"] for _, m in sorted(frames.meta.items()) if isinstance(m.get("pipeline"), dict)), None)
+    pipeline = pipeline_summary(frames.meta)
     ref = frames.info.get("reference_busbw_gbps")
     bottlenecks = guarded("diagnosis", lambda: diagnose(
         breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
@@ -127,3 +127,20 @@ def _thresholds_of(config: dict[str, Any], warnings: list[str]) -> ThresholdsCon
     except ConfigError as exc:
         warnings.append(f"config.json thresholds ignored: {exc}")
         return ThresholdsConfig()
+
+
+def pipeline_summary(meta: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """One pipeline document from every rank's: each rank measured the bubble of its own stage(s).
+
+    The run's bubble is the mean over ranks (each rank idles its own share of the step);
+    `stage_bubble_pct` keeps every rank's value for the evidence.
+    """
+    docs = {r: m["pipeline"] for r, m in sorted(meta.items()) if isinstance(m.get("pipeline"), dict)}
+    if not docs:
+        return None
+    first = dict(next(iter(docs.values())))
+    measured = {r: d["bubble_pct"] for r, d in docs.items() if isinstance(d.get("bubble_pct"), (int, float))}
+    if measured:
+        first["bubble_pct"] = sum(measured.values()) / len(measured)
+        first["stage_bubble_pct"] = {str(r): round(float(v), 2) for r, v in measured.items()}
+    return first

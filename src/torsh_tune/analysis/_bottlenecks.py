@@ -296,6 +296,10 @@ def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
         "theoretical_bubble_pct": round(theory, 2),
         "excess_bubble_pct": round(float(measured) - theory, 2),
     }
+    if isinstance(pipeline.get("stage_bubble_pct"), dict):
+        evidence["stage_bubble_pct"] = pipeline["stage_bubble_pct"]
+    if pipeline.get("schedule"):
+        evidence["schedule"] = pipeline["schedule"]
     message = (f"pipeline bubble {measured:.1f} % of the step (theory for {stages} stages x {micro} "
                f"microbatches: {theory:.1f} %)")
     return [(Bottleneck(category="pipeline_bubble", severity=severity, ranks=ranks, evidence=evidence,

@@ -231,6 +231,7 @@ def _apply_ddp(model: nn.Module, strategy: StrategyConfig, dev: torch.device, *,
         if hook is not None:
             _, state, fn = hook
             ddp.register_comm_hook(state, fn)
+            ddp._torsh_hook_state = state  # its stats (bytes handed to collectives) for benchmarks
     return ddp
 
 
