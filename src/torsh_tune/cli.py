@@ -202,7 +202,7 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[dotted] = value
-    return config.with_overrides(overrides) if overrides else config
+    return (config.with_overrides(overrides) if overrides else config).check_layout()
 
 
 def check_script(script: str) -> Path:

@@ -551,6 +551,13 @@ class RunConfig:
             raise invalid("thresholds.io_high_pct", "<= thresholds.io_critical_pct", th.io_high_pct)
         if th.memory_high_pct > th.memory_critical_pct:
             raise invalid("thresholds.memory_high_pct", "<= thresholds.memory_critical_pct", th.memory_high_pct)
+        self.strategy.validate()
+        return self
+
+    def check_layout(self) -> "RunConfig":
+        """`validate` plus the strategy checks that need the launch's world size (HSDP mesh,
+        pipeline stages, hierarchical node size). Called on the final document (file < flags),
+        not on a file alone, whose [launch] flags may still change."""
         self.strategy.validate(world_size=self.world_size, nnodes=self.launch.nnodes)
         return self
 

@@ -1,0 +1,126 @@
+"""API mode (`torsh_tune.parallelize` / `train_step`): alone, under bare torchrun, and under torsh-tune.
+
+Real processes on gloo: the bare-torchrun checks run `tests/data/scripts/api_accumulate.py`;
+the torsh-tune checks run the shipped `examples/api_strategies.py` through the real CLI with
+every strategy kind that runs on 2 ranks, and the impossible combinations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from torsh_tune.rundir import RunDir
+
+from helpers import EXAMPLES, SCRIPTS, read_jsonl, run_cli
+
+ACCUMULATE = SCRIPTS / "api_accumulate.py"
+EXAMPLE = EXAMPLES / "api_strategies.py"
+_NO_LAUNCHER = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+
+
+def _close(a: list[float], b: list[float], tol: float = 1e-5) -> bool:
+    return all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+def test_alone_without_a_launcher_trains_in_one_process(tmp_path):
+    out = tmp_path / "alone"
+    proc = subprocess.run([sys.executable, str(ACCUMULATE), str(out)], capture_output=True, text=True, timeout=120,
+                          env=_NO_LAUNCHER)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "alone.rank0.json").read_text())
+    assert res["world"] == 1 and res["kind"] == "Sequential" and res["same_optimizer"]
+    assert _close(res["acc2"], res["big"])
+    assert res["lrs"] == pytest.approx([0.05, 0.1, 0.1, 0.1])  # warm-up ramp, no scaling at world size 1
+
+
+def test_bare_torchrun_ddp_accumulation_equals_the_doubled_batch_and_lr_scales(tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ACCUMULATE), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"ddp.rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["kind"] == "DistributedDataParallel" and r0["same_optimizer"]
+    assert r0["acc2"] == r1["acc2"] and r0["big"] == r1["big"]  # replicas identical
+    # no_sync over two micro-batches, gradients scaled by 1/2 == one step on both micro-batches at once
+    assert _close(r0["acc2"], r0["big"])
+    # linear scaling by the world size (2), ramped over 2 warm-up steps
+    assert r0["lrs"] == pytest.approx([0.1, 0.2, 0.2, 0.2])
+
+
+def _profile(tmp_path, name: str, toml: str, *script_args: str, steps: int = 6):
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(toml)
+    return run_cli("profile", "--nproc-per-node", "2", "--steps", str(steps), "--warmup-steps", "2", "--quiet",
+                   "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"), "--run-name", name,
+                   str(EXAMPLE), "--steps", "100", "--width", "64", "--depth", "4", *script_args, timeout=300)
+
+
+def _meta(tmp_path, name: str, rank: int) -> dict:
+    return json.loads(RunDir(tmp_path / "runs" / name).rank_file(rank, "meta").read_text())
+
+
+@pytest.mark.slow
+def test_profile_runs_fsdp_through_the_api_and_records_the_strategy(tmp_path):
+    proc = _profile(tmp_path, "fsdp", '[strategy]\nkind = "fsdp"\n[fsdp]\nreshard_after_forward = false\n')
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        meta = _meta(tmp_path, "fsdp", rank)
+        facts = meta["strategy"]
+        assert facts["kind"] == "fsdp" and facts["api"] is True
+        assert facts["fsdp"]["reshard_after_forward"] is False
+        assert len(facts["fsdp"]["units"]) >= 4  # every block its own unit, plus the root
+        steps = read_jsonl(RunDir(tmp_path / "runs" / "fsdp").rank_file(rank, "steps"))
+        assert len(steps) == 8 and all(s["forward_s"] > 0 and s["samples"] == 64 for s in steps)
+        assert not meta["notes"]
+
+
+@pytest.mark.slow
+def test_profile_runs_a_pipeline_and_reports_its_bubble(tmp_path):
+    toml = '[strategy]\nkind = "pipeline"\n[pipeline]\nschedule = "gpipe"\nn_microbatches = 2\nsplit_points = ["blocks.2"]\n'
+    proc = _profile(tmp_path, "pipe", toml)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    for rank in (0, 1):
+        pipe = _meta(tmp_path, "pipe", rank)["pipeline"]
+        assert pipe["stages"] == 2 and pipe["microbatches"] == 2
+        assert 0.0 <= pipe["bubble_pct"] <= 100.0
+        assert pipe["theoretical_bubble_pct"] == pytest.approx(100 / 3)
+    report = json.loads((tmp_path / "runs" / "pipe" / "report" / "report.json").read_text())
+    found = [b for b in report["bottlenecks"] if b["category"] == "pipeline_bubble"]
+    assert found and set(found[0]["evidence"]["stage_bubble_pct"]) == {"0", "1"}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[strategy]\nkind = "pipeline"\n[pipeline]\nsplit_points = ["blocks.1", "blocks.2"]\n',
+         "pipeline.split_points must be 1 names (2 ranks x 1 stages per rank = 2 stages)"),
+        ('[strategy]\nkind = "hsdp"\n[fsdp]\nreplicate_degree = 3\n', "fsdp.replicate_degree must be a divisor of the world size 2"),
+        ('[strategy]\nkind = "fsdp"\n[compression]\nmethod = "topk"\n', "compression.method must be 'none' with strategy kind 'fsdp'"),
+        ('[strategy]\nkind = "pipeline"\n[pipeline]\nschedule = "interleaved1f1b"\n', "pipeline.stages_per_rank must be >= 2"),
+        ('[collectives]\nhierarchical = true\n[compression]\nmethod = "fp16"\n', "collectives.hierarchical must be false"),
+        ('[collectives]\nnccl_proto = "fast"\n', "collectives.nccl_proto must be"),
+    ],
+)
+def test_impossible_combinations_are_one_line_errors_before_launch(tmp_path, toml, message):
+    proc = _profile(tmp_path, "bad", toml)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "runs" / "bad").exists()
+
+
+def test_pipeline_without_split_points_fails_in_the_ranks_with_one_line(tmp_path):
+    proc = _profile(tmp_path, "nosplit", '[strategy]\nkind = "pipeline"\n')
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "pipeline.split_points must be at least one module name" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_cpu_offload_on_cpu_is_refused_in_the_ranks(tmp_path):
+    proc = _profile(tmp_path, "offload", '[strategy]\nkind = "fsdp"\n[fsdp]\ncpu_offload = true\n')
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "fsdp.cpu_offload" in proc.stderr.strip().splitlines()[-1]
