@@ -162,7 +162,7 @@ class SearchSpace:
         if method == "powersgd":
             take("compression.rank")
             take("compression.start_iter")
-        elif method == "topk":
+        elif method in ("topk", "adaptive"):  # adaptive starts from the ratio and moves within its bounds
             take("compression.ratio")
         return params
 

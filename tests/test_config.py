@@ -1,0 +1,175 @@
+"""Strategy sections of RunConfig: TOML round trip, validation in one place, torchrun's environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from torsh_tune.config import (
+    CollectivesConfig,
+    FSDPConfig,
+    PipelineConfig,
+    RunConfig,
+    StrategyConfig,
+    TrainingConfig,
+    dist_env,
+    dump_toml,
+    help_of,
+)
+from torsh_tune.errors import ConfigError
+from torsh_tune.launch.command import build_run_env
+from torsh_tune.rundir import RunDir
+
+TOML = """
+[strategy]
+kind = "hsdp"
+
+[distributed]
+timeout_s = 120
+omp_num_threads = 2
+
+[ddp]
+bucket_cap_mb_list = [1, 25.5]
+
+[fsdp]
+reshard_after_forward = 2
+mixed_precision = "bf16"
+reduce_dtype = "fp32"
+wrap = ["blocks.*"]
+replicate_degree = 2
+
+[pipeline]
+schedule = "interleaved1f1b"
+n_microbatches = 8
+split_points = ["blocks.2", "blocks.4", "blocks.6"]
+stages_per_rank = 2
+
+[collectives]
+nccl_algo = "allreduce:tree;allgather:ring"
+nccl_proto = "^LL128"
+nccl_max_nchannels = 8
+
+[training]
+gradient_accumulation_steps = 4
+max_grad_norm = 1.0
+lr_scaling = "sqrt"
+lr_warmup_steps = 100
+
+[launch]
+nproc_per_node = 4
+"""
+
+
+def test_every_section_loads_round_trips_and_has_help():
+    cfg = RunConfig.from_toml(TOML).check_layout()
+    st = cfg.strategy
+    assert st.kind == "hsdp" and st.fsdp.reshard_after_forward == 2 and st.fsdp.wrap == ["blocks.*"]
+    assert st.ddp.bucket_cap_mb_list == [1.0, 25.5] and st.pipeline.stages_per_rank == 2
+    assert st.training.lr_scaling == "sqrt" and st.distributed.timeout_s == 120.0
+    assert RunConfig.from_toml(dump_toml(cfg)) == cfg
+    assert RunConfig.from_json(cfg.to_json()) == cfg
+    for cls in (FSDPConfig, PipelineConfig, CollectivesConfig, TrainingConfig, StrategyConfig):
+        for name in cls.__dataclass_fields__:
+            assert help_of(cls, name), f"{cls.__name__}.{name} has no help"
+
+
+def test_reshard_after_forward_takes_bools_and_ints():
+    for value in (True, False, 2):
+        cfg = RunConfig.from_dict({"strategy": {"kind": "fsdp", "fsdp": {"reshard_after_forward": value}},
+                                   "launch": {"nproc_per_node": 2}}).check_layout()
+        assert cfg.strategy.fsdp.reshard_after_forward is value or cfg.strategy.fsdp.reshard_after_forward == value
+        assert type(cfg.strategy.fsdp.reshard_after_forward) is type(value)
+
+
+def test_collective_env_goes_to_every_rank(tmp_path):
+    cfg = RunConfig.from_toml(TOML)
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    env = build_run_env(cfg, run, run_id="x", base={"PATH": "/bin"})
+    assert env["NCCL_ALGO"] == "allreduce:tree;allgather:ring" and env["NCCL_PROTO"] == "^LL128"
+    assert env["NCCL_MAX_NCHANNELS"] == "8" and env["OMP_NUM_THREADS"] == "2"
+    assert "NCCL_MIN_NCHANNELS" not in build_run_env(RunConfig(), run, run_id="x", base={})
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        ({"strategy": {"kind": "zero3"}}, "strategy.kind"),
+        ({"strategy": {"fsdp": {"reshard_after_forward": 0}}}, "fsdp.reshard_after_forward"),
+        ({"strategy": {"fsdp": {"mixed_precision": "fp8"}}}, "strategy.fsdp.mixed_precision"),
+        ({"strategy": {"pipeline": {"schedule": "zbv", "stages_per_rank": 1}}}, "pipeline.stages_per_rank"),
+        ({"strategy": {"pipeline": {"n_microbatches": 0}}}, "pipeline.n_microbatches"),
+        ({"strategy": {"pipeline": {"split_points": ["a", "a"]}}}, "pipeline.split_points"),
+        ({"strategy": {"ddp": {"bucket_cap_mb_list": []}}}, "ddp.bucket_cap_mb_list"),
+        ({"strategy": {"ddp": {"bucket_cap_mb_list": [1], "first_bucket_cap_mb": 1}}}, "ddp.first_bucket_cap_mb"),
+        ({"strategy": {"compression": {"method": "adaptive", "ratio": 0.01, "min_ratio": 0.1}}}, "compression.min_ratio"),
+        ({"strategy": {"compression": {"method": "adaptive", "ratio": 0.5}}}, "compression.max_ratio"),
+        ({"strategy": {"collectives": {"nccl_algo": "Ring,Warp"}}}, "collectives.nccl_algo"),
+        ({"strategy": {"collectives": {"nccl_algo": "allsum:ring"}}}, "collectives.nccl_algo"),
+        ({"strategy": {"collectives": {"nccl_min_nchannels": 8, "nccl_max_nchannels": 4}}}, "collectives.nccl_min_nchannels"),
+        ({"strategy": {"training": {"gradient_accumulation_steps": 0}}}, "training.gradient_accumulation_steps"),
+        ({"strategy": {"kind": "pipeline", "training": {"gradient_accumulation_steps": 2}}},
+         "training.gradient_accumulation_steps"),
+        ({"strategy": {"distributed": {"timeout_s": 0}}}, "distributed.timeout_s"),
+        ({"strategy": {"kind": "ddp", "collectives": {"hierarchical": True}, "compression": {"method": "int8"}}},
+         "collectives.hierarchical"),
+        ({"strategy": {"kind": "pipeline", "collectives": {"hierarchical": True}}}, "collectives.hierarchical"),
+        ({"strategy": {"training": {"bogus": 1}}}, "config key strategy.training.bogus"),
+    ],
+)
+def test_invalid_strategies_are_one_line_errors(data, what):
+    with pytest.raises(ConfigError) as exc:
+        RunConfig.from_dict(data)
+    message = str(exc.value)
+    assert message.startswith(f"{what} must be ") and ", but got " in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("data", "what"),
+    [
+        ({"strategy": {"kind": "hsdp", "fsdp": {"replicate_degree": 3}}, "launch": {"nproc_per_node": 4}},
+         "fsdp.replicate_degree"),
+        ({"strategy": {"kind": "hsdp", "fsdp": {"replicate_degree": 2, "reshard_after_forward": 3}},
+          "launch": {"nproc_per_node": 4}}, "fsdp.reshard_after_forward"),
+        ({"strategy": {"kind": "fsdp", "fsdp": {"replicate_degree": 2}}, "launch": {"nproc_per_node": 4}},
+         "fsdp.replicate_degree"),
+        ({"strategy": {"kind": "pipeline", "pipeline": {"split_points": ["a"]}}, "launch": {"nproc_per_node": 4}},
+         "pipeline.split_points"),
+        ({"strategy": {"collectives": {"hierarchical": True, "ranks_per_node": 3}}, "launch": {"nproc_per_node": 4}},
+         "collectives.ranks_per_node"),
+    ],
+)
+def test_layout_checks_need_the_world_size(data, what):
+    cfg = RunConfig.from_dict(data)  # a file alone may still get other [launch] flags
+    with pytest.raises(ConfigError) as exc:
+        cfg.check_layout()
+    assert str(exc.value).startswith(f"{what} must be ")
+
+
+def test_hsdp_replicas_default_to_the_number_of_nodes():
+    cfg = RunConfig.from_dict({"strategy": {"kind": "hsdp"},
+                               "launch": {"nproc_per_node": 3, "nnodes": 2, "rdzv_endpoint": "h:1"}})
+    cfg.check_layout()  # 2 replicas x 3 shards
+
+
+def test_dist_env_reads_torchrun_variables():
+    assert dist_env({}) is None
+    env = dist_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (env.rank, env.local_rank, env.world_size, env.nnodes, env.node_rank) == (5, 1, 8, 2, 1)
+    assert (env.master_addr, env.master_port) == ("10.0.0.1", 29500)
+    assert dist_env({"RANK": "0", "WORLD_SIZE": "1"}).local_world_size == 1
+
+
+@pytest.mark.parametrize(
+    ("env", "what"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "environment variable RANK"),
+        ({"RANK": "x", "WORLD_SIZE": "2"}, "environment variable RANK"),
+        ({"RANK": "0"}, "environment variable WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "environment variable LOCAL_RANK"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "environment variable MASTER_PORT"),
+    ],
+)
+def test_dist_env_rejects_bad_values(env, what):
+    with pytest.raises(ConfigError, match=f"^{what} must be "):
+        dist_env(env)
