@@ -135,6 +135,9 @@ def parallelize(
         info = apply_fsdp(model, strategy.fsdp, kind=kind, world_size=world, ranks_per_node=per_node, device=dev)
         wrapped, owned = model, dict(model.named_parameters())
         facts["fsdp"] = info.to_dict()
+        for note in info.notes:
+            if rt is not None:
+                rt.note(note)
         data_parallel = world
     else:
         wrapped = _apply_ddp(model, strategy, dev, managed=rt is not None)
