@@ -285,7 +285,11 @@ def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
     measured = pipeline.get("bubble_pct")
     if not (isinstance(stages, int) and isinstance(micro, int) and stages > 1 and micro > 0):
         return []
-    theory = theoretical_bubble_pct(stages, micro)
+    # The schedule's own formula when the run recorded it (looped and zero-bubble schedules
+    # differ from GPipe's), else GPipe/1F1B's over the pipeline's ranks.
+    theory = pipeline.get("theoretical_bubble_pct")
+    if not isinstance(theory, (int, float)):
+        theory = theoretical_bubble_pct(int(pipeline.get("ranks") or stages), micro)
     if not isinstance(measured, (int, float)):
         measured = theory
     severity = _level(measured, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2) or "low"
@@ -300,6 +304,8 @@ def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
         evidence["stage_bubble_pct"] = pipeline["stage_bubble_pct"]
     if pipeline.get("schedule"):
         evidence["schedule"] = pipeline["schedule"]
+    if isinstance(pipeline.get("ranks"), int):
+        evidence["ranks"] = pipeline["ranks"]
     message = (f"pipeline bubble {measured:.1f} % of the step (theory for {stages} stages x {micro} "
                f"microbatches: {theory:.1f} %)")
     return [(Bottleneck(category="pipeline_bubble", severity=severity, ranks=ranks, evidence=evidence,

@@ -264,13 +264,14 @@ def _computation(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
 
 def _pipeline(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     ev = b.evidence
-    p, m, measured = int(ev["stages"]), int(ev["microbatches"]), float(ev["bubble_pct"])
+    p, m, measured = int(ev.get("ranks") or ev["stages"]), int(ev["microbatches"]), float(ev["bubble_pct"])
     after = theoretical_bubble_pct(p, 2 * m)
     return [_rec(
         "pipeline_bubble",
         f"Use {2 * m} microbatches per step (now {m})",
-        f"the bubble is {measured:.1f} % of the step; (p-1)/(m+p-1) falls to {after:.1f} % at m={2 * m}",
-        {},
+        f"the bubble is {measured:.1f} % of the step; (p-1)/(m+p-1) falls to {after:.1f} % at m={2 * m} "
+        "(the batch must divide by it)",
+        {"pipeline": {"n_microbatches": 2 * m}},
         _gain(theoretical_bubble_pct(p, m) - after, measured - after,
               f"measured bubble {measured:.1f} % down to the theoretical {after:.1f} % at {2 * m} microbatches"),
         "low",
