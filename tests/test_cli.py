@@ -226,3 +226,86 @@ def test_tune_then_apply(tmp_path):
 
     RunConfig.from_toml(applied.stdout)
     assert "STUDY must be a study directory holding best.toml" in _one_line_error(run_cli("apply", str(tmp_path), timeout=60))
+
+
+def test_import_config_prints_a_loadable_strategy_toml_and_lists_what_it_skipped(tmp_path):
+    from torsh_tune.config import RunConfig
+
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "overlap_comm": True, "offload_param": {"device": "cpu"}},
+                              "bf16": {"enabled": True}, "optimizer": {"type": "AdamW"},
+                              "gradient_accumulation_steps": 4}))
+    proc = run_cli("import-config", str(ds), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    config = RunConfig.from_toml(proc.stdout)
+    fsdp = config.strategy.fsdp
+    assert config.strategy.kind == "fsdp" and fsdp.reshard_after_forward is True and fsdp.cpu_offload is True
+    assert fsdp.mixed_precision == "bf16" and config.strategy.training.gradient_accumulation_steps == 4
+    for key in ("zero_optimization.overlap_comm", "optimizer"):
+        assert f"# not imported: {key}: " in proc.stdout
+        assert f"torsh-tune: not imported: {key}: " in proc.stderr
+
+
+def test_import_config_out_never_overwrites(tmp_path):
+    settings = tmp_path / "fsdp1.json"
+    settings.write_text(json.dumps({"sharding_strategy": "ShardingStrategy.HYBRID_SHARD", "limit_all_gathers": True}))
+    out = tmp_path / "strat.toml"
+    proc = run_cli("import-config", str(settings), "--from", "fsdp1", "--out", str(out), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    written = out.read_text()
+    assert "# not imported: limit_all_gathers: " in written
+    from torsh_tune.config import load_config_file
+
+    assert load_config_file(out).strategy.kind == "hsdp"
+    again = run_cli("import-config", str(settings), "--out", str(out), timeout=60)
+    assert f"--out must be a file that does not exist yet, but got '{out}'" in _one_line_error(again)
+    assert out.read_text() == written
+
+
+def test_import_config_bad_inputs_are_one_line(tmp_path):
+    assert "FILE must be an existing JSON or TOML file" in _one_line_error(run_cli("import-config", str(tmp_path / "no.json"), timeout=60))
+    bad = tmp_path / "ds.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 5}}))
+    assert "deepspeed zero_optimization.stage must be 0, 1, 2 or 3, but got 5" in _one_line_error(run_cli("import-config", str(bad), timeout=60))
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"colour": "blue"}))
+    assert "(or pass --from)" in _one_line_error(run_cli("import-config", str(odd), timeout=60))
+
+
+def test_advise_json_ranks_candidates():
+    proc = run_cli("advise", "--params", "1.3e9", "--world-size", "8", "--nnodes", "1", "--device-memory-gb", "16",
+                   "--link-gbps", "25", "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["rank"] for r in rows] == list(range(1, len(rows) + 1))
+    assert rows[0]["kind"] == "fsdp" and "ddp" not in [r["kind"] for r in rows]  # 20.8 GB > 16 GB
+    from torsh_tune.config import RunConfig
+
+    for row in rows:
+        RunConfig.from_dict({"launch": {"nproc_per_node": 8}}).apply_patch(row["config_patch"])
+    text = run_cli("advise", "--params", "3e8", "--world-size", "16", "--nnodes", "2", "--link-gbps", "15", "--cpu", timeout=60)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("1. ddp + hierarchical all-reduce")
+
+
+def test_advise_bad_inputs_are_one_line():
+    assert "--params: must be a number of parameters >= 1" in _one_line_error(run_cli("advise", "--params", "lots", "--world-size", "8", timeout=60))
+    assert "world_size must be a multiple of nnodes (3), but got 8" in _one_line_error(
+        run_cli("advise", "--params", "1e9", "--world-size", "8", "--nnodes", "3", timeout=60))
+    assert "not allowed with argument" in _one_line_error(
+        run_cli("advise", "--params", "1e9", "--world-size", "8", "--gpus", "--cpu", timeout=60))
+
+
+def test_profile_with_a_deepspeed_config(tmp_path):
+    ds = tmp_path / "ds_config.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 0, "reduce_bucket_size": 2.5e6, "overlap_comm": True},
+                              "train_micro_batch_size_per_gpu": 8}))
+    runs = tmp_path / "runs"
+    proc = run_cli("profile", "--config", str(ds), "--nproc-per-node", "2", "--steps", "3", "--warmup-steps", "1",
+                   "--runs-dir", str(runs), "--run-name", "r", str(SCRIPTS / "train_small.py"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "not imported: zero_optimization.overlap_comm" in proc.stderr
+    config = json.loads((runs / "r" / "config.json").read_text())
+    assert config["strategy"]["kind"] == "ddp"
+    assert config["strategy"]["ddp"]["bucket_cap_mb"] == pytest.approx(2.5e6 * 4 / 2**20, abs=1e-3)

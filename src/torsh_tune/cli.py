@@ -3,6 +3,8 @@
     torsh-tune [OPTIONS] SCRIPT [SCRIPT ARGS...]           the main job (today: profile)
     torsh-tune profile [OPTIONS] SCRIPT [SCRIPT ARGS...]   run under the always-on profiler
     torsh-tune report RUN [--format md|json]              re-analyse a run dir, rewrite its report
+    torsh-tune import-config FILE [--from FMT] [--out F]  DeepSpeed/Horovod/FSDP1 settings -> strategy TOML
+    torsh-tune advise --params N --world-size W ...       ranked strategies for a model size and cluster
 
 Options before the script are torsh-tune's; everything after the script path is the
 script's own (torchrun's convention). User mistakes print one line and exit 2.
@@ -28,7 +30,7 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench")
+SUBCOMMANDS = ("profile", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
 RUN_END_FORMATS = ("json", "md", "html")
 
 
@@ -167,6 +169,30 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
     ana.add_argument("--out", help="Directory for analysis.json and analysis.md (default ./torsh-analysis/<name>-<time>); must not exist.")
     ana.add_argument("--hta-rounding", action="store_true", help="Round sub-microsecond times as HTA does (for parity checks).")
+    imp = sub.add_parser("import-config", help="Turn DeepSpeed, Horovod or FSDP1 settings into a torsh-tune strategy TOML.")
+    imp.add_argument("file", metavar="FILE", help="A ds_config.json, Horovod settings or FSDP1 keyword arguments (JSON or TOML).")
+    imp.add_argument("--from", dest="fmt", choices=("auto", "deepspeed", "horovod", "fsdp1"), default="auto",
+                     help="Format of FILE (default auto: detected from its keys).")
+    imp.add_argument("--out", metavar="FILE",
+                     help="Write the TOML here instead of stdout; an existing file is never overwritten.")
+    adv = sub.add_parser("advise", help="Rank DDP/FSDP/HSDP/pipeline, compression and LR scaling for a model size and cluster.")
+    adv.add_argument("--params", required=True, type=_number(float, "a number of parameters >= 1 (e.g. 1.3e9)", lambda v: v >= 1),
+                     metavar="N", help="Trainable parameters, e.g. 1.3e9.")
+    adv.add_argument("--world-size", required=True, type=_POSITIVE_INT, help="Ranks in all.")
+    adv.add_argument("--nnodes", type=_POSITIVE_INT, default=1, help="Nodes (default 1); the world size must divide by it.")
+    adv.add_argument("--device-memory-gb", type=_POSITIVE_FLOAT, metavar="GB",
+                     help="Memory of one GPU (or host memory per rank on CPU) in GB; unknown when omitted.")
+    adv.add_argument("--link-gbps", type=_POSITIVE_FLOAT, metavar="GBIT_S",
+                     help="Inter-node link (inter-rank link on one node) in Gbit/s; drives compression and hierarchical all-reduce.")
+    adv.add_argument("--intra-node-gbps", type=_POSITIVE_FLOAT, metavar="GBIT_S",
+                     help="Link inside a node in Gbit/s (default: assumed faster than --link-gbps).")
+    adv.add_argument("--param-bytes", type=_POSITIVE_INT, default=4, help="Bytes per parameter: 4 fp32 (default), 2 bf16/fp16.")
+    adv.add_argument("--reference-world-size", type=_POSITIVE_INT, default=1,
+                     help="World size the learning rate was tuned at (default 1); sets the LR scaling.")
+    dev = adv.add_mutually_exclusive_group()
+    dev.add_argument("--gpus", dest="gpus", action="store_true", default=True, help="Ranks are GPUs (default).")
+    dev.add_argument("--cpu", dest="gpus", action="store_false", help="Ranks are CPU processes (gloo).")
+    adv.add_argument("--json", action="store_true", help="Print the ranked candidates as JSON.")
     return parser
 
 
@@ -495,6 +521,55 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_import_config(args: argparse.Namespace) -> int:
+    from .importers import import_file
+
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists():
+        raise invalid("--out", "a file that does not exist yet", str(out))
+    result = import_file(args.file, args.fmt)
+    text = result.to_toml()
+    for line in result.unsupported:
+        print(f"torsh-tune: not imported: {line}", file=sys.stderr)
+    for line in result.notes:
+        print(f"torsh-tune: note: {line}", file=sys.stderr)
+    if out is None:
+        print(text, end="")
+        return EXIT_OK
+    try:
+        with out.open("x") as f:  # "x": never overwrite, even a file created since the check
+            f.write(text)
+    except FileExistsError:
+        raise invalid("--out", "a file that does not exist yet", str(out)) from None
+    except OSError as exc:
+        raise invalid("--out", "a writable file path", f"{out} ({exc.strerror})") from None
+    print(f"torsh-tune: wrote {out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from .strategies.advisor import advice_table, advise
+
+    candidates = advise(
+        num_params=int(round(args.params)), param_bytes_per_param=args.param_bytes,
+        device_memory_bytes=None if args.device_memory_gb is None else int(args.device_memory_gb * 1e9),
+        world_size=args.world_size, nnodes=args.nnodes, link_gbps=args.link_gbps, gpus=args.gpus,
+        intra_node_gbps=args.intra_node_gbps, reference_world_size=args.reference_world_size,
+    )
+    rows = advice_table(candidates)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for row in rows:
+        fits = {True: "fits", False: "does not fit", None: "memory unknown"}[row["fits"]]
+        print(f"{row['rank']}. {row['name']}  (score {row['score']:g}; {row['memory_per_rank_gb']:g} GB model state "
+              f"per rank, {fits})")
+        print(f"   patch: {json.dumps(row['config_patch'])}")
+        for reason in row["reasons"]:
+            print(f"   - {reason}")
+    return EXIT_OK
+
+
 def _split_default_command(argv: list[str]) -> list[str]:
     """`torsh-tune [OPTS] SCRIPT ...` without a subcommand means the main job."""
     for i, token in enumerate(argv):
@@ -530,6 +605,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_compare(args)
         if args.command == "bench":
             return cmd_bench(args, argv)
+        if args.command == "import-config":
+            return cmd_import_config(args)
+        if args.command == "advise":
+            return cmd_advise(args)
         if args.command == "dashboard":
             from .dashboard import serve
 

@@ -795,7 +795,11 @@ def help_of(cls: type, name: str) -> str:
 
 
 def load_config_file(path: str | Path) -> RunConfig:
-    """Load a RunConfig from a .toml or .json file."""
+    """Load a RunConfig from a .toml or .json file; a DeepSpeed ds_config.json is imported.
+
+    A DeepSpeed config's keys that have no torsh-tune counterpart are listed on stderr
+    (`torsh_tune.importers.from_deepspeed` maps the rest).
+    """
     p = Path(path)
     if not p.is_file():
         raise invalid("--config", "an existing TOML or JSON file", str(path))
@@ -805,6 +809,15 @@ def load_config_file(path: str | Path) -> RunConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--config must be valid JSON, but got: {exc}") from None
+        import sys
+
+        from .importers import from_deepspeed, looks_like_deepspeed  # importers build on this module
+
+        if looks_like_deepspeed(data):
+            result = from_deepspeed(data)
+            for line in result.unsupported:
+                print(f"torsh-tune: warning: {path}: not imported: {line}", file=sys.stderr)
+            return result.to_run_config()
         return RunConfig.from_dict(_hoist_strategy_sections(data))
     return RunConfig.from_toml(text, source=str(path))
 
