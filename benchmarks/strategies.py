@@ -78,8 +78,10 @@ def _worker(args: argparse.Namespace) -> None:
     loss_fn = nn.CrossEntropyLoss()
     teacher = nn.Linear(32, 10)
 
+    replica = [rank]  # this rank's data-parallel replica (a pipeline is one replica)
+
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(1000 * step + rank)
+        g = torch.Generator().manual_seed(1000 * step + replica[0])
         x = torch.randn(args.batch, 32, generator=g)
         with torch.no_grad():
             return x, teacher(x).argmax(dim=1)
@@ -93,6 +95,7 @@ def _worker(args: argparse.Namespace) -> None:
             model = Net(32, args.width, args.depth, 10)
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             model, opt = tt.parallelize(model, opt, example_batch=batch(0), loss_fn=loss_fn, config=strategy)
+            replica[0] = tt.data_parallel_info(model)[0]
             for s in range(args.warmup):
                 tt.train_step(model, opt, batch(s), loss_fn)
             dist.barrier()

@@ -63,9 +63,10 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     teacher = torch.nn.Linear(32, 10)  # a learnable task: labels from a fixed random linear map
 
+    replica = 0  # which data-parallel replica this rank feeds (a pipeline is one replica)
+
     def batch_for(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        g = torch.Generator().manual_seed(1000 * step + rank)
+        g = torch.Generator().manual_seed(1000 * step + replica)
         x = torch.randn(args.batch, 32, generator=g)
         with torch.no_grad():
             y = teacher(x).argmax(dim=1)
@@ -73,6 +74,7 @@ def main() -> None:
 
     model, optimizer = tt.parallelize(model, optimizer, example_batch=batch_for(0), loss_fn=loss_fn,
                                       split_points=args.split, config=args.config)
+    replica, _ = tt.data_parallel_info(model)
     for step in range(args.steps):
         loss = tt.train_step(model, optimizer, batch_for(step), loss_fn)
         if step % 10 == 0 and (not dist.is_initialized() or dist.get_rank() == 0):

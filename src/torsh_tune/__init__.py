@@ -19,13 +19,14 @@ __all__ = [
     "TorshTuneError",
     "TrialError",
     "__version__",
+    "data_parallel_info",
     "parallelize",
     "train_step",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("parallelize", "train_step", "PipelineModule"):
+    if name in ("parallelize", "train_step", "data_parallel_info", "PipelineModule"):
         from .runtime import api
 
         return getattr(api, name)

@@ -36,7 +36,7 @@ from ..config import RunConfig, StrategyConfig, dist_env, load_config_file
 from ..errors import TorshTuneError, invalid
 from . import context
 
-__all__ = ["PipelineModule", "parallelize", "train_step"]
+__all__ = ["PipelineModule", "data_parallel_info", "parallelize", "train_step"]
 
 
 @dataclass
@@ -185,6 +185,21 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
     if last:
         _optimizer_step(par, model, optimizer)
     return loss.detach()
+
+
+def data_parallel_info(model: nn.Module) -> tuple[int, int]:
+    """(this rank's index among the data-parallel replicas, their number) for a parallelized model.
+
+    Feed replica i its own shard of the data (e.g. `DistributedSampler(num_replicas=n, rank=i)`).
+    A pipeline is one replica: every rank passes the same batch to `train_step` (the first
+    stage reads the inputs, the last stage the targets). Alone: (0, 1).
+    """
+    par = _PARALLEL.get(model)
+    if par is None:
+        raise invalid("data_parallel_info(model)", "a model returned by torsh_tune.parallelize", type(model).__name__)
+    if par.kind in ("pipeline", "single"):
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
 
 
 # -- pieces ---------------------------------------------------------------------------------
