@@ -124,3 +124,32 @@ def test_cpu_offload_on_cpu_is_refused_in_the_ranks(tmp_path):
     proc = _profile(tmp_path, "offload", '[strategy]\nkind = "fsdp"\n[fsdp]\ncpu_offload = true\n')
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "fsdp.cpu_offload" in proc.stderr.strip().splitlines()[-1]
+
+
+def _losses(stdout: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in stdout.splitlines() if " loss " in line]
+
+
+@pytest.mark.slow
+def test_fsdp_and_pipeline_under_bare_torchrun_follow_the_single_process_losses(tmp_path):
+    """One script: alone, FSDP over 2 ranks (2 replicas), 2-stage 1F1B pipeline (1 replica).
+
+    FSDP on 2 replicas matches DDP's losses; the pipeline (one replica fed rank 0's data)
+    matches the single process fed the same data, to print precision.
+    """
+    args = ["--steps", "11", "--width", "64"]
+    alone = subprocess.run([sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=120,
+                           env=_NO_LAUNCHER)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    runs = {}
+    for name, toml in (("ddp", '[strategy]\nkind = "ddp"\n'), ("fsdp", '[strategy]\nkind = "fsdp"\n'),
+                       ("pp", '[strategy]\nkind = "pipeline"\n[pipeline]\nschedule = "1f1b"\nn_microbatches = 4\n'
+                              'split_points = ["blocks.2"]\n')):
+        (tmp_path / f"{name}.toml").write_text(toml)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(EXAMPLE),
+               *args, "--config", str(tmp_path / f"{name}.toml")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = _losses(proc.stdout)
+    assert len(runs["pp"]) == 2 and runs["pp"] == pytest.approx(_losses(alone.stdout), abs=2e-4)
+    assert runs["fsdp"] == pytest.approx(runs["ddp"], abs=2e-4)
