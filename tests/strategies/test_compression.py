@@ -1,8 +1,9 @@
 """Gradient-compression comm hooks on real 2-rank gloo process groups, and their config.
 
 One torchrun launch trains the same small DDP regression model (3 buckets) once per method
-(`tests/data/scripts/train_compression.py`); two more launch it under the torsh-tune
-bootstrap with `[compression]` set (zero code), with and without the profiler.
+(`tests/data/scripts/train_compression.py`), adaptive with and without the losses; three
+more launch it under the torsh-tune bootstrap with `[compression]` set (zero code), with and
+without the profiler.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from torsh_tune.strategies.compression import build_hook
 from helpers import SCRIPTS, read_jsonl, torchrun_bootstrap
 
 SCRIPT = SCRIPTS / "train_compression.py"
-METHODS = ("none", "fp16", "bf16", "topk", "int8", "powersgd")
+METHODS = ("none", "fp16", "bf16", "topk", "int8", "powersgd", "adaptive", "adaptive-no-loss")
+ADAPTIVE = ("adaptive", "adaptive-no-loss")
 LAUNCH_TIMEOUT_S = 150
 
 
@@ -67,8 +69,19 @@ def test_invalid_compression_options_are_one_line_errors(table, what, value):
 
 def test_ratio_one_is_valid_and_every_field_has_help():
     assert RunConfig.from_dict({"strategy": {"compression": {"ratio": 1.0}}}).strategy.compression.ratio == 1.0
-    for name in ("method", "ratio", "rank", "start_iter", "error_feedback"):
+    for name in ("method", "ratio", "rank", "start_iter", "error_feedback", "min_ratio", "max_ratio"):
         assert help_of(CompressionConfig, name)
+
+
+def test_adaptive_ratio_bounds_are_checked_for_the_adaptive_method_only():
+    table = {"method": "adaptive", "ratio": 0.1, "min_ratio": 0.2}
+    with pytest.raises(ConfigError, match=r"^compression.min_ratio must be in \(0, compression.ratio=0.1\], but got 0.2$"):
+        RunConfig.from_dict({"strategy": {"compression": table}})
+    table = {"method": "adaptive", "ratio": 0.5, "max_ratio": 0.25}
+    with pytest.raises(ConfigError, match=r"^compression.max_ratio must be in \[compression.ratio=0.5, 1\], but got 0.25$"):
+        RunConfig.from_dict({"strategy": {"compression": table}})
+    co = RunConfig.from_dict({"strategy": {"compression": {"method": "topk", "ratio": 0.5}}}).strategy.compression
+    assert (co.min_ratio, co.max_ratio) == (0.001, 0.25)  # unused by topk: not checked
 
 
 def test_build_hook_none_and_unknown_method():
@@ -83,7 +96,7 @@ def trained(tmp_path_factory) -> list[dict]:
     out = str(tmp_path_factory.mktemp("compression") / "out")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT),
            "--methods", ",".join(METHODS), "--steps", "400", "--ratio", "0.1", "--rank", "2", "--start-iter", "10",
-           "--out", out]
+           "--min-ratio", "0.01", "--max-ratio", "0.25", "--out", out]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _results(out)
@@ -98,8 +111,9 @@ def test_replicas_stay_identical(trained, method):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+# adaptive: at most max_ratio 0.25 (8 bytes per kept value) on two buckets, the 1088-value one dense.
 @pytest.mark.parametrize(("method", "max_fraction"), [("fp16", 0.5), ("bf16", 0.5), ("topk", 0.25), ("int8", 0.26),
-                                                      ("powersgd", 0.2)])
+                                                      ("powersgd", 0.2), ("adaptive", 0.6), ("adaptive-no-loss", 0.6)])
 def test_hooks_put_fewer_bytes_on_the_wire(trained, method, max_fraction):
     for result in trained:
         stats = result[method]["stats"]
@@ -117,12 +131,38 @@ def test_half_precision_gradients_match_uncompressed_within_their_precision(trai
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
-@pytest.mark.parametrize("method", ["fp16", "bf16", "topk", "int8", "powersgd"])
+@pytest.mark.parametrize("method", ["fp16", "bf16", "topk", "int8", "powersgd", *ADAPTIVE])
 def test_compressed_training_reaches_the_uncompressed_loss_within_one_percent(trained, method):
     # One-sided: a lower loss than the uncompressed run is no failure (Top-K at ratio 0.02
     # ends 2 % below it on this task). Without error feedback PowerSGD ends 2 % above.
     base = trained[0]["none"]["eval_loss"]
     assert trained[0][method]["eval_loss"] <= 1.01 * base
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+@pytest.mark.parametrize(("method", "signal"), [("adaptive", "loss"), ("adaptive-no-loss", "grad_norm")])
+def test_adaptive_ratio_moves_within_its_bounds_identically_on_every_rank(trained, method, signal):
+    stats = trained[0][method]["stats"]
+    assert trained[1][method]["stats"]["ratio_history"] == stats["ratio_history"]  # every rank decided alike
+    other = "grad_norm" if signal == "loss" else "loss"
+    assert stats[f"{signal}_iters"] >= 380 and stats[f"{other}_iters"] == 0
+    assert stats["dense_calls"] == 399  # the 1088-value bucket, from the second iteration on
+    history = stats["ratio_history"]
+    assert history and stats["num_ratio_changes"] == len(history) and stats["ratio"] == history[-1]["ratio"]
+    assert history[0]["iter"] >= 9  # a full window of 10 iterations first
+    previous = 0.1
+    for change in history:
+        assert change["signal"] == signal and 0.01 <= change["ratio"] <= 0.25
+        assert change["ratio"] in (min(0.25, previous * 2), max(0.01, previous * 0.8))
+        previous = change["ratio"]
+    assert any(c["ratio"] > 0.1 for c in history)  # more while the loss falls fast (early)
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_adaptive_on_the_loss_compresses_harder_on_the_plateau(trained):
+    stats = trained[0]["adaptive"]["stats"]
+    assert stats["ratio"] <= 0.02
+    assert stats["wire_bytes"] < trained[0]["adaptive-no-loss"]["stats"]["wire_bytes"]
 
 
 # -- zero code: [compression] applied by the bootstrap ----------------------------------------
@@ -171,3 +211,22 @@ def test_configured_int8_without_profiler_and_a_later_script_hook(tmp_path):
     # The model whose script registered its own hook gets exact gradients.
     assert len(set(results[0]["config"]["first_grad"])) <= 3 * 253
     assert len(set(results[0]["config.1"]["first_grad"])) > 3 * 253
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+def test_configured_adaptive_gets_the_losses_from_the_runtime_without_profiler(tmp_path):
+    run = RunDir(tmp_path / "run")
+    out = str(tmp_path / "out")
+    config = {"strategy": {"compression": {"method": "adaptive", "ratio": 0.1, "min_ratio": 0.01}},
+              "profiler": {"enabled": False}}
+    proc = torchrun_bootstrap(run.path, SCRIPT, "--methods", "config", "--steps", "25", "--out", out, config=config,
+                              timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = _results(out)
+    assert results[0]["config"]["checksum"] == results[1]["config"]["checksum"]
+    for result in results:
+        stats = result["config"]["stats"]  # the configured state's, reported by the script
+        # Two windows of 10 iterations, both on the losses the patched backward handed in.
+        assert stats["method"] == "adaptive" and stats["loss_iters"] == 20 and stats["grad_norm_iters"] == 0
+        assert stats["num_ratio_changes"] == len(stats["ratio_history"]) >= 1
+        assert 0.01 <= stats["ratio"] <= 0.25

@@ -51,6 +51,7 @@ class _Parallel:
     steps: int = 0  # optimizer steps taken through train_step
     target_lrs: list[float] = field(default_factory=list)  # per param group, after lr_scaling
     loss_src: int = 0  # global rank holding the pipeline's last stage
+    loss_observer: Callable[[torch.Tensor], None] | None = None  # a loss-driven comm hook's observe_loss
 
 
 _PARALLEL: "weakref.WeakKeyDictionary[nn.Module, _Parallel]" = weakref.WeakKeyDictionary()
@@ -122,6 +123,10 @@ def parallelize(
     names = {id(p): n for n, p in model.named_parameters()}
     kind = strategy.kind
     facts: dict[str, Any] = {"kind": kind, "api": True, "world_size": world, "device": str(dev)}
+    # The whole model, before a pipeline split or sharding hides it (the strategy advisor's input).
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    facts["num_params"] = sum(p.numel() for p in trainable)
+    facts["param_bytes"] = sum(p.numel() * p.element_size() for p in trainable)
     par = _Parallel(kind=kind, strategy=strategy, device=dev)
     if kind == "pipeline":
         wrapped = _apply_pipeline(model, strategy, example_batch, loss_fn, dev, rank, world, par)
@@ -141,6 +146,7 @@ def parallelize(
         data_parallel = world
     else:
         wrapped = _apply_ddp(model, strategy, dev, managed=rt is not None)
+        par.loss_observer = getattr(getattr(wrapped, "_torsh_hook_state", None), "observe_loss", None)
         owned = dict(model.named_parameters())
         data_parallel = world
     if optimizer is not None:
@@ -179,6 +185,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
     last = (par.micro + 1) % k == 0
     with _gradient_sync(par.kind, model, enabled=last):
         loss = loss_fn(model(inputs), targets)
+        if par.loss_observer is not None:  # adaptive compression outside a torsh-tune run
+            par.loss_observer(loss.detach())
         # The unscaled loss is what the profiler records; the gradients carry the 1/k.
         loss.backward(torch.full_like(loss, 1.0 / k) if k > 1 else None)
     par.micro += 1

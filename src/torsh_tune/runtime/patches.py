@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -20,7 +21,9 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
 from ..profiler import TimedCommHook, default_allreduce, now
-from ..strategies.compression import hook_from_config, wire_bytes_of
+from ..strategies.collectives import HierarchicalState
+from ..strategies.compression import wire_bytes_of
+from ..strategies.ddp import comm_hook_of, ddp_kwargs
 from .budget import StepBudgetReached
 
 if TYPE_CHECKING:
@@ -63,6 +66,11 @@ def _patch_init_process_group(rt: "RankRuntime") -> None:
         else:
             requested = kwargs.pop("backend", None)
         backend = _resolve_backend(requested, rt.config.launch.backend, rt.cuda)
+        timeout_s = rt.config.strategy.distributed.timeout_s
+        if timeout_s is not None and not args:
+            import datetime
+
+            kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         result = original(backend, *args, **kwargs)
         rt.meta["backend"] = str(dist.get_backend())
         rt.meta["backend_requested"] = None if requested is None else str(requested)
@@ -74,27 +82,13 @@ def _patch_init_process_group(rt: "RankRuntime") -> None:
 
 
 # -- DistributedDataParallel -------------------------------------------------------------
-_DDP_KWARGS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "find_unused_parameters", "broadcast_buffers")
-
-
 def _ddp_overrides(rt: "RankRuntime", module: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
-    ddp_cfg = rt.config.strategy.ddp
-    applied: dict[str, Any] = {}
-    for name in _DDP_KWARGS:
-        value = getattr(ddp_cfg, name)
-        if value is not None:
-            if name in kwargs and kwargs[name] != value:
-                rt.note(f"ddp.{name}: the script's {kwargs[name]!r} replaced by the run's {value!r}")
-            kwargs[name] = value
-            applied[name] = value
-    if ddp_cfg.first_bucket_cap_mb is not None:
-        # torch 2.13 sizes buckets individually through bucket_cap_mb_list: a small first
-        # bucket, then the regular cap for every further bucket (one entry per tensor bounds
-        # the number of buckets).
-        cap = kwargs.get("bucket_cap_mb") or 25.0
-        num = sum(1 for p in module.parameters() if p.requires_grad)
-        kwargs["bucket_cap_mb_list"] = [ddp_cfg.first_bucket_cap_mb] + [cap] * max(1, num)
-        applied["first_bucket_cap_mb"] = ddp_cfg.first_bucket_cap_mb
+    """Overlay the run's `[ddp]` knobs on the script's DDP arguments (in place); return what was applied."""
+    merged, applied = ddp_kwargs(rt.config.strategy.ddp, module, kwargs)
+    for name, value in applied.items():
+        if name in kwargs and kwargs[name] != value:
+            rt.note(f"ddp.{name}: the script's {kwargs[name]!r} replaced by the run's {value!r}")
+    kwargs.update(merged)
     return applied
 
 
@@ -115,7 +109,7 @@ def _patch_ddp(rt: "RankRuntime") -> None:
             # A Python hook costs a future hop per bucket over PyTorch's C++ all-reduce, so the
             # per-bucket timer is installed here only when asked for or when compression puts a
             # Python hook in place anyway; otherwise DDP's own timers give one record per step.
-            if rt.config.profiler.comm_hook_timing or rt.config.strategy.compression.method != "none":
+            if rt.config.profiler.comm_hook_timing or _configured_hook(rt.config.strategy):
                 _install_timed_hook(rt, self, original_register, default_allreduce, self.process_group, "allreduce")
         _apply_compression(rt, self, original_register)
 
@@ -156,13 +150,25 @@ def _patch_ddp(rt: "RankRuntime") -> None:
 def _install_timed_hook(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any, inner: Any,
                         inner_state: Any, name: str) -> None:
     timed = TimedCommHook(rt.tracker, inner=inner, inner_state=inner_state, name=name, cuda=rt.cuda)
-    # Compression hooks (configured or registered by the script) report their own bytes.
-    timed.wire_bytes_of = wire_bytes_of
+    # Compression and hierarchical hooks (configured or registered by the script) report their own bytes.
+    timed.wire_bytes_of = _wire_bytes_of
     original_register(model, None, timed)
     model._torsh_timed_hook = timed
 
 
-# -- gradient compression ----------------------------------------------------------------
+# -- the configured comm hook: gradient compression or the hierarchical all-reduce ---------
+def _configured_hook(strategy: Any) -> bool:
+    """Whether the strategy puts a Python comm hook of its own on every DDP model."""
+    return strategy.compression.method != "none" or strategy.collectives.hierarchical
+
+
+def _wire_bytes_of(state: Any, nbytes: int) -> int:
+    """Bytes on the wire of the latest hook call: inter-node bytes for the hierarchical all-reduce."""
+    if isinstance(state, HierarchicalState):
+        return state.last_wire_bytes
+    return wire_bytes_of(state, nbytes)
+
+
 class _CompressionSlot:
     """The comm hook registered when profiling is off, so that a later script hook can replace it."""
 
@@ -175,12 +181,11 @@ class _CompressionSlot:
 
 
 def _apply_compression(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any) -> None:
-    """Install `[compression]` as the model's comm hook (inside the timing hook when there is one)."""
-    cfg = rt.config.strategy.compression
-    if cfg.method == "none":
+    """Install the configured comm hook (`[compression]`, `collectives.hierarchical`), inside the timing hook if any."""
+    built = comm_hook_of(rt.config.strategy, model.process_group)
+    if built is None:
         return
-    state, hook = hook_from_config(cfg, model.process_group)
-    name = f"torsh_tune_{cfg.method}"
+    name, state, hook = built
     timed = getattr(model, "_torsh_timed_hook", None)
     if timed is not None:
         timed.set_inner(hook, state, name)
@@ -189,22 +194,27 @@ def _apply_compression(rt: "RankRuntime", model: DistributedDataParallel, origin
         original_register(model, None, model._torsh_compression_slot)
     model._torsh_compression = state
     model.logger._set_comm_hook_name(name)
+    if hasattr(state, "observe_loss"):
+        _loss_observers.append(weakref.WeakMethod(state.observe_loss))
     # A live dict: the hooks update its values, the meta written at exit shows the totals.
-    rt.meta.setdefault("compression", []).append(state.stats)
+    key = "hierarchical" if isinstance(state, HierarchicalState) else "compression"
+    rt.meta.setdefault(key, []).append(state.stats)
     rt.meta["ddp_models"][-1]["comm_hook"] = name
     rt.save_meta()
 
 
 def _script_hook_replaces_compression(rt: "RankRuntime", model: DistributedDataParallel, state: object,
                                       hook: Any) -> bool:
-    """The script's own comm hook wins over `[compression]`; say so. True when fully handled here."""
+    """The script's own comm hook wins over the configured one; say so. True when fully handled here."""
     comp = getattr(model, "_torsh_compression", None)
     if comp is None:
         return False
     model._torsh_compression = None
     comp.stats["replaced_by_script_hook"] = True
     name = getattr(hook, "__qualname__", type(hook).__name__)
-    rt.note(f"compression.method={comp.method!r} has no effect on this model: the script registered its own comm hook {name}")
+    setting = ("collectives.hierarchical=true" if isinstance(comp, HierarchicalState)
+               else f"compression.method={comp.method!r}")
+    rt.note(f"{setting} has no effect on this model: the script registered its own comm hook {name}")
     slot = getattr(model, "_torsh_compression_slot", None)
     if slot is None:
         return False  # the timing hook takes the script's hook as its inner hook
@@ -264,14 +274,33 @@ def _batch_size(batch: Any) -> int:
 
 
 # -- backward and optimizer ------------------------------------------------------------
+# Loss-driven comm hooks (adaptive compression): `observe_loss` of their states, weakly held.
+_loss_observers: list[weakref.WeakMethod] = []
+
+
+def _observe_loss(loss: torch.Tensor) -> None:
+    for ref in list(_loss_observers):
+        observe: Callable[[torch.Tensor], None] | None = ref()
+        if observe is None:
+            _loss_observers.remove(ref)
+        else:
+            observe(loss)
+
+
 def _patch_backward(rt: "RankRuntime") -> None:
-    if not rt.config.profiler.enabled:
+    profiled = rt.config.profiler.enabled
+    if not profiled and rt.config.strategy.compression.method != "adaptive":
         return
     original = torch.autograd.backward
     tracker = rt.tracker
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        # Before the backward: its comm hooks piggyback this loss (a detached view, no host sync).
+        if _loss_observers and isinstance(tensors, torch.Tensor) and tensors.dim() == 0:
+            _observe_loss(tensors.detach())
+        if not profiled:
+            return original(tensors, *args, **kwargs)
         t0 = now()
         try:
             return original(tensors, *args, **kwargs)

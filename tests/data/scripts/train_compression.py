@@ -4,6 +4,9 @@ Every method starts from the same seed and sees the same data, so the runs diffe
 the comm hook. Each rank writes OUT.rank{r}.json: per method the final eval loss, a
 parameter checksum, the first step's averaged gradient and the hook's byte counters.
 `--methods config` registers nothing: the torsh-tune bootstrap applies `[compression]`.
+"adaptive" is built here with a small `--dense-below` (the model's buckets hold 1088, 2113
+and 4160 values: the first stays dense) and is handed every loss, as the runtime does;
+"adaptive-no-loss" is the same without the losses (it adapts on the gradient norm).
 """
 
 import argparse
@@ -14,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from torsh_tune.strategies.compression import build_hook
+from torsh_tune.strategies.compression import AdaptiveState, adaptive_hook, build_hook
 
 p = argparse.ArgumentParser()
 p.add_argument("--methods", default="none,fp16,bf16,topk,int8,powersgd")
@@ -22,6 +25,9 @@ p.add_argument("--steps", type=int, default=200)
 p.add_argument("--out", required=True)
 p.add_argument("--ratio", type=float, default=0.1)
 p.add_argument("--rank", type=int, default=2)
+p.add_argument("--min-ratio", type=float, default=0.01)
+p.add_argument("--max-ratio", type=float, default=0.25)
+p.add_argument("--dense-below", type=int, default=1500, help="adaptive: buckets with fewer values go dense")
 p.add_argument("--start-iter", type=int, default=10)
 p.add_argument("--bucket-cap-mb", type=float, default=0.002)
 p.add_argument("--lr", type=float, default=0.05)
@@ -60,7 +66,14 @@ for i, method in enumerate(args.methods.split(",")):
     module = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), *hidden, nn.Linear(64, 32), nn.Tanh(), nn.Linear(32, 1))
     model = nn.parallel.DistributedDataParallel(module, bucket_cap_mb=args.bucket_cap_mb)
     state = None
-    if method not in ("none", "config"):
+    if method in ("adaptive", "adaptive-no-loss"):
+        state, hook = AdaptiveState(model.process_group, ratio=args.ratio, min_ratio=args.min_ratio,
+                                    max_ratio=args.max_ratio, dense_below=args.dense_below,
+                                    error_feedback=not args.no_error_feedback), adaptive_hook
+        model.register_comm_hook(state, hook)
+    elif method == "config":
+        state = getattr(model, "_torsh_compression", None)  # the runtime's configured state, for its stats
+    elif method != "none":
         state, hook = build_hook(method, model.process_group, ratio=args.ratio, rank=args.rank, start_iter=args.start_iter,
                                  error_feedback=not args.no_error_feedback)
         model.register_comm_hook(state, hook)
@@ -72,6 +85,8 @@ for i, method in enumerate(args.methods.split(",")):
     for step in range(args.steps):
         idx = torch.randint(0, x_train.shape[0], (64,), generator=g)
         loss = nn.functional.mse_loss(model(x_train[idx]), y_train[idx])
+        if method == "adaptive":
+            state.observe_loss(loss.detach())
         loss.backward()
         if first_grad is None:
             first_grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tolist()

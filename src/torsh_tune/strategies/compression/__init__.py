@@ -9,6 +9,8 @@ Each method is a state class plus a hook `(state, bucket) -> Future[Tensor]`:
 | topk     | TopKState       | topk_hook       | 8k bytes (values + int32 indices), all-gather |
 | int8     | Int8State       | int8_hook       | 4 + n bytes, all-reduce MAX then int8 sum     |
 | powersgd | PowerSGDState   | powersgd_hook   | 4 (sum r(n_i + m_i) + rest), two all-reduces  |
+| adaptive | AdaptiveState   | adaptive_hook   | 8k + 8, all-gather, ratio k/n from the loss;  |
+|          |                 |                 | 4(n + 2), all-reduce, under 64 Ki values      |
 
 Example:
     >>> from torsh_tune.strategies.compression import build_hook
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ._adaptive import AdaptiveState, adaptive_hook
 from ._base import CompressionState, wire_bytes_of
 from ._cast import CastState, cast_hook
 from ._int8 import Int8State, int8_hook
@@ -27,11 +30,13 @@ from ._powersgd import PowerSGDState, powersgd_hook
 from ._topk import TopKState, topk_hook
 
 __all__ = [
+    "AdaptiveState",
     "CastState",
     "CompressionState",
     "Int8State",
     "PowerSGDState",
     "TopKState",
+    "adaptive_hook",
     "build_hook",
     "cast_hook",
     "hook_from_config",
@@ -43,19 +48,22 @@ __all__ = [
 
 
 def build_hook(method: str, process_group: Any = None, *, ratio: float = 0.01, rank: int = 4, start_iter: int = 10,
-               error_feedback: bool = True) -> tuple[CompressionState, Callable] | None:
+               error_feedback: bool = True, min_ratio: float = 0.001,
+               max_ratio: float = 0.25) -> tuple[CompressionState, Callable] | None:
     """The (state, hook) pair of a compression method; None for "none".
 
     Must be called on every rank of `process_group` in the same order (int8 and powersgd
     create a second process group for their dependent collective).
 
     Args:
-        method: "none", "fp16", "bf16", "topk", "int8" or "powersgd".
+        method: "none", "fp16", "bf16", "topk", "int8", "powersgd" or "adaptive".
         process_group: the DDP model's process group (None: the default group).
-        ratio: Top-K kept fraction in (0, 1].
+        ratio: Top-K kept fraction in (0, 1]; adaptive's starting one.
         rank: PowerSGD approximation rank.
         start_iter: PowerSGD iterations with plain all-reduce first.
         error_feedback: keep and re-inject each bucket's compression residual.
+        min_ratio: adaptive's smallest ratio, in (0, ratio].
+        max_ratio: adaptive's largest ratio, in [ratio, 1].
 
     Raises:
         ValueError: an unknown method or an out-of-range option.
@@ -71,10 +79,16 @@ def build_hook(method: str, process_group: Any = None, *, ratio: float = 0.01, r
     if method == "powersgd":
         state = PowerSGDState(process_group, rank=rank, start_iter=start_iter, error_feedback=error_feedback)
         return state, powersgd_hook
-    raise ValueError(f"compression method must be one of none, fp16, bf16, topk, int8, powersgd, but got {method!r}")
+    if method == "adaptive":
+        state = AdaptiveState(process_group, ratio=ratio, min_ratio=min_ratio, max_ratio=max_ratio,
+                              error_feedback=error_feedback)
+        return state, adaptive_hook
+    raise ValueError(
+        f"compression method must be one of none, fp16, bf16, topk, int8, powersgd, adaptive, but got {method!r}")
 
 
 def hook_from_config(config: Any, process_group: Any = None) -> tuple[CompressionState, Callable] | None:
     """`build_hook` from a `CompressionConfig`."""
     return build_hook(config.method, process_group, ratio=config.ratio, rank=config.rank,
-                      start_iter=config.start_iter, error_feedback=config.error_feedback)
+                      start_iter=config.start_iter, error_feedback=config.error_feedback,
+                      min_ratio=config.min_ratio, max_ratio=config.max_ratio)
