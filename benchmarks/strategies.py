@@ -44,11 +44,11 @@ CONFIGS: list[tuple[str, dict]] = [
     ("ddp powersgd r4", {"compression": {"method": "powersgd", "rank": 4, "start_iter": 2}}),
     ("ddp adaptive", {"compression": {"method": "adaptive", "ratio": 0.01}}),
     ("ddp hierarchical", {"collectives": {"hierarchical": True, "ranks_per_node": 1}}),
-    ("fsdp full shard", {"kind": "fsdp", "fsdp": {"reshard_after_forward": True}}),
-    ("fsdp grad-op", {"kind": "fsdp", "fsdp": {"reshard_after_forward": False}}),
-    ("pipeline gpipe m4", {"kind": "pipeline", "pipeline": {"schedule": "gpipe", "n_microbatches": 4,
+    ("fsdp full shard", {"strategy": {"kind": "fsdp"}, "fsdp": {"reshard_after_forward": True}}),
+    ("fsdp grad-op", {"strategy": {"kind": "fsdp"}, "fsdp": {"reshard_after_forward": False}}),
+    ("pipeline gpipe m4", {"strategy": {"kind": "pipeline"}, "pipeline": {"schedule": "gpipe", "n_microbatches": 4,
                                                            "split_points": ["blocks.2"]}}),
-    ("pipeline 1f1b m4", {"kind": "pipeline", "pipeline": {"schedule": "1f1b", "n_microbatches": 4,
+    ("pipeline 1f1b m4", {"strategy": {"kind": "pipeline"}, "pipeline": {"schedule": "1f1b", "n_microbatches": 4,
                                                           "split_points": ["blocks.2"]}}),
 ]
 

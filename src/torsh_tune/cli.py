@@ -387,7 +387,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         obj = f"{t.samples_s:,.1f} samples/s" if t.samples_s else (t.failure_reason or "")
         top = f"best {max(best):,.1f}" if best else ""
         params = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        console.print(f"  trial {t.number:>3} {t.state:<8} {obj:<28} {top:<18} {params}", markup=False)
+        role = f" ({t.role})" if t.role in ("advisor", "initial") else ""
+        console.print(f"  trial {t.number:>3} {t.state:<8} {obj:<28} {top:<18} {params}{role}", markup=False)
 
     result = tune(
         script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,

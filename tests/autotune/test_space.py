@@ -33,7 +33,7 @@ def test_conditional_dimensions_follow_their_parents():
         assert asked == {k: v for k, v in params.items() if not space.dims[k].fixed}
         assert ("dataloader.prefetch_factor" in params) == (params["dataloader.num_workers"] > 0)
         assert ("compression.rank" in params) == (params["compression.method"] == "powersgd")
-        assert ("compression.ratio" in params) == (params["compression.method"] == "topk")
+        assert ("compression.ratio" in params) == (params["compression.method"] in ("topk", "adaptive"))
         assert 1.0 <= params["ddp.bucket_cap_mb"] <= 200.0
         assert 0 <= params["dataloader.num_workers"] <= 8
         assert 1 <= params["omp_num_threads"] <= 8

@@ -87,6 +87,16 @@ def test_baseline_confirmation_and_result_files(study):
         assert find_run_processes(run["run_id"]) == []
 
 
+def test_trials_carry_their_role_and_the_advisor_seeding_is_recorded(study):
+    study_dir, result, _ = study
+    assert [t.role for t in result.trials] == ["pytorch-defaults", "initial", ""]
+    attrs = optuna.load_study(study_name="torsh-tune", storage=f"sqlite:///{study_dir / 'study.db'}").user_attrs
+    # A small CPU model without a bench link: the advisor's DDP is trial 0 itself (compression is
+    # fixed to none here), and its FSDP/pipeline candidates need the API: nothing to enqueue.
+    assert attrs["advisor"]["enqueued"] == []
+    assert any("'fsdp' needs torsh_tune.parallelize" in line for line in attrs["advisor"]["skipped"])
+
+
 def test_resume_continues_the_study_and_fails_stale_trials(study):
     study_dir, first, _ = study
     storage = f"sqlite:///{study_dir / 'study.db'}"

@@ -81,3 +81,13 @@ def test_write_reports_formats(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     with pytest.raises(ConfigError, match="report format"):
         write_reports(analyze_run(run), run, formats=("pdf",), out_dir=tmp_path)
+
+
+def test_html_strategy_advice_section(tmp_path):
+    run = DATA / "recorded" / "comm_bound"
+    html = write_html(analyze_run(run), None, tmp_path / "r.html").read_text()
+    section = html[html.index('id="strategy-advice"'):html.index("<h2>Figures</h2>")]
+    assert "You run ddp, the advisor&#x27;s first choice" in section
+    assert "<td>ddp <b>(this run)</b></td>" in section
+    assert "<code>fsdp.reshard_after_forward = false</code>" in section
+    assert "<b>measured</b> — rank 0 meta.json ddp.num_params" in section

@@ -93,3 +93,17 @@ def test_other_schema_versions_are_rejected(analysis):
     doc["surprise"] = True
     with pytest.raises(ConfigError, match="surprise"):
         ReportInfo.from_dict(doc)
+
+
+def test_strategy_advice_round_trips_as_json_types():
+    from pathlib import Path
+
+    from torsh_tune.analysis import analyze_run
+
+    run = Path(__file__).resolve().parents[1] / "data" / "recorded" / "comm_bound"
+    info = build_report_info(analyze_run(run), generated_at=GENERATED_AT)
+    assert info.strategy_advice and isinstance(info.strategy_advice, tuple)
+    assert info.strategy_advice[0]["name"] == "ddp" and info.strategy_advice[0]["current"] is True
+    assert ReportInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+    assert ReportInfo.from_json(info.to_json()) == info
+    assert build_report_info(make_analysis()).strategy_advice == ()

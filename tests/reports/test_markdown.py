@@ -70,3 +70,39 @@ def test_markdown_table_cells_escape_pipes():
     analysis = make_analysis(info={"script": "train.py", "script_args": ["--sep", "a|b"]})
     md = render_markdown(build_report_info(analysis))
     assert "a\\|b" in md
+
+
+def _advice_rows(**config):
+    import pandas as pd
+
+    from torsh_tune.analysis import strategy_advice
+
+    meta = {r: {"hostname": f"node{r // 2}", "device": "cuda:0", "ddp": {"num_params": 300_000_000}}
+            for r in range(4)}
+    system = pd.DataFrame({"rank": range(4), "gpu_mem_total_bytes": [80e9] * 4})
+    return strategy_advice(meta, {"reference_busbw_gbps": 0.5}, system, 4,
+                           config={"strategy": {"kind": "ddp", **config}})
+
+
+def test_markdown_strategy_advice_section():
+    from pathlib import Path
+
+    from torsh_tune.analysis import analyze_run
+
+    run = Path(__file__).resolve().parents[1] / "data" / "recorded" / "comm_bound"
+    md = render_markdown(build_report_info(analyze_run(run)))
+    section = md[md.index("## Strategy advice"):md.index("## Communication")]
+    assert "You run ddp, the advisor's first choice for this model and cluster." in section
+    assert "| parameters | 13.1 M | measured — rank 0 meta.json ddp.num_params" in section
+    assert "| link | unknown | assumed — " in section
+    assert "1. **ddp** (this run) — fits; 0.21 GB model state per rank; patch `strategy.kind = \"ddp\"`" in section
+    assert '`fsdp.reshard_after_forward = false`' in section
+    # The model-state arithmetic every candidate shares is said once, above the list.
+    assert section.count("13.1 M params × 16 B = 0.21 GB of model state") == 1
+
+    md = render_markdown(build_report_info(make_analysis(advice=_advice_rows())))
+    assert "You run ddp; the advisor ranks ddp + powersgd compression first (yours is not among its candidates)." in md
+    assert "| link | 4 Gbit/s | measured — " in md
+    md = render_markdown(build_report_info(make_analysis(advice=_advice_rows(compression={"method": "powersgd"}))))
+    assert "1. **ddp + powersgd compression** (this run)" in md
+    assert "## Strategy advice" not in render_markdown(build_report_info(make_analysis()))

@@ -58,3 +58,17 @@ def test_summary_renders_on_a_narrow_colour_terminal(analysis):
     render_summary(build_report_info(analysis), console)
     assert "CRITICAL" in console.export_text()
     assert "\x1b[" in console.file.getvalue()  # severity colours are emitted
+
+
+def test_summary_names_the_strategy_advice_in_one_line():
+    from pathlib import Path
+
+    from torsh_tune.analysis import analyze_run
+
+    run = Path(__file__).resolve().parents[1] / "data" / "recorded" / "comm_bound"
+    with_advice = _render(build_report_info(analyze_run(run)))
+    without = _render(build_report_info(analyze_run(run).__class__(**{**analyze_run(run).__dict__, "advice": ()})))
+    lines = [line for line in with_advice.splitlines() if "strategy advice" in line]
+    assert lines == ["strategy advice: You run ddp, the advisor's first choice for this model and cluster. "
+                     "(report.md has the candidates)"]
+    assert len(with_advice.splitlines()) == len(without.splitlines()) + 1

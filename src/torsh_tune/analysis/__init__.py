@@ -9,6 +9,7 @@ Example:
     >>> [(b.category, b.severity) for b in a.bottlenecks]  # doctest: +SKIP
 """
 
+from ._advice import strategy_advice
 from ._analyze import analyze_run
 from ._bottlenecks import diagnose
 from ._comm import aligned_collectives, bus_factor, comm_stats
@@ -66,5 +67,6 @@ __all__ = [
     "recommend",
     "step_stats",
     "straggler_stats",
+    "strategy_advice",
     "system_stats",
 ]

@@ -8,6 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from ..config import RunConfig, ThresholdsConfig
 from ..errors import ConfigError
+from ._advice import strategy_advice
 from ._bottlenecks import diagnose
 from ._comm import comm_stats
 from ._load import load_run
@@ -80,6 +81,9 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     recs = guarded("recommendations", lambda: recommend(
         bottlenecks, info=frames.info, config=frames.config, meta=frames.meta, world_size=frames.world_size,
     ), ())
+    advice = guarded("strategy advice", lambda: strategy_advice(
+        frames.meta, frames.info, frames.system, frames.world_size, config=frames.config, warnings=warnings,
+    ), ())
 
     status = run_status(frames.info)
     partial = _partial(status, frames.exits, frames.world_size, warnings)
@@ -99,6 +103,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         system=sysst,
         bottlenecks=bottlenecks,
         recommendations=recs,
+        advice=advice,
     )
 
 

@@ -173,3 +173,7 @@ class RunAnalysis:
     system: SystemStats | None
     bottlenecks: tuple[Bottleneck, ...]  # severity order
     recommendations: tuple[Recommendation, ...]  # priority order
+    # The strategy advisor's candidates for this run's model and cluster, best first (see
+    # `strategy_advice`): advice_table rows + `current` (this run's strategy) + `inputs`
+    # (each advisor input with its source: measured, detected or assumed).
+    advice: tuple[dict[str, Any], ...] = ()

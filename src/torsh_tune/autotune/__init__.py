@@ -10,6 +10,7 @@ Example:
 
 from .objective import Measurement, Throughput, loss_by_step, loss_deviation, measure_run, throughput_of
 from .runner import MeasuredRun, fresh_run_dir, run_measured
+from .seeding import advisor_params
 from .space import BASELINE_PARAMS, Dimension, SearchSpace, build_space, load_space_file, parse_space
 from .study import SAMPLERS, BaselineStats, Confirmation, TrialResult, TuneResult, make_sampler, tune
 
@@ -25,6 +26,7 @@ __all__ = [
     "Throughput",
     "TrialResult",
     "TuneResult",
+    "advisor_params",
     "build_space",
     "fresh_run_dir",
     "load_space_file",

@@ -1,7 +1,9 @@
 """The Optuna study: baseline, search (ask/tell), confirmation, results.
 
     baseline x R  ->  noise = (max - min) / median of the R baseline throughputs
-    trial 0 = PyTorch defaults (enqueued), then the sampler's trials, each a fresh launch
+    trial 0 = PyTorch defaults (enqueued), then `initial_params` and the strategy advisor's
+              zero-code candidates for the baseline run (enqueued), then the sampler's
+              trials, each a fresh launch
     confirmation: top K feasible trials, each against the baseline interleaved A B A B ...
                   paired speedup = median of per-pair ratios, bootstrap 95 % CI
     best.toml     the confirmed best (or the baseline when nothing was confirmed)
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import logging
 import math
 import os
 import time
@@ -37,11 +40,14 @@ from ..errors import ConfigError, TrialError, invalid
 from ..rundir import write_json_atomic, write_text_atomic
 from .objective import loss_deviation
 from .runner import MeasuredRun, fresh_run_dir, run_measured
+from .seeding import advisor_params
 from .space import SearchSpace, build_space
 
 __all__ = ["SAMPLERS", "BaselineStats", "Confirmation", "TrialResult", "TuneResult", "make_sampler", "tune"]
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
+
+_log = logging.getLogger(__name__)
 
 _DEFAULT_STEPS = 20
 _BOOTSTRAP_RESAMPLES = 2000
@@ -63,6 +69,8 @@ class TrialResult:
         failure_reason: One line for a FAIL.
         stderr_tail: Last log lines of the failing rank.
         run_dir: The trial's run directory.
+        role: Why the trial was enqueued: "pytorch-defaults", "initial", "advisor" (the
+            strategy advisor's candidate), or "" for the sampler's.
     """
 
     number: int
@@ -76,6 +84,7 @@ class TrialResult:
     failure_reason: str = ""
     stderr_tail: tuple[str, ...] = ()
     run_dir: str = ""
+    role: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +271,9 @@ def tune(
         include_compression: Search gradient compression.
         cuda: The ranks use CUDA (offers pin_memory).
         cpu_count: Host cores (default os.cpu_count()).
-        initial_params: Further parameter sets enqueued after trial 0 (advisor candidates).
+        initial_params: Further parameter sets enqueued after trial 0. The strategy
+            advisor's candidates for the baseline run that the space can express follow
+            them (user attrs role "advisor" and advisor_rank; see `seeding.advisor_params`).
         echo: Receives the ranks' output lines (default: discarded).
         on_trial: Called with each finished optimisation trial.
         on_run: Called with ("baseline" | "confirm-A" | "confirm-B", run) for the other runs.
@@ -348,10 +359,7 @@ def tune(
         include_compression=include_compression,
         spec=space_spec,
     )
-    if not study.trials:
-        study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
-        for params in initial_params:
-            study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
+    _seed_study(study, space, stored["run_dirs"], initial_params)
 
     # -- search --------------------------------------------------------------------------
     def finished() -> int:
@@ -440,6 +448,54 @@ def tune(
     _write_trials_csv(root / "trials.csv", trials)
     write_json_atomic(root / "result.json", result.to_dict())
     return result
+
+
+def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str],
+                initial_params: Sequence[Mapping[str, Any]]) -> None:
+    """Enqueue trial 0 (PyTorch defaults), `initial_params`, then the advisor's candidates.
+
+    Only into a study without trials: a resumed study already holds them (run or waiting).
+    """
+    if study.trials:
+        return
+    study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
+    for params in initial_params:
+        study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
+    _enqueue_advisor(study, space, run_dirs, exclude=initial_params)
+
+
+def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
+                     exclude: Sequence[Mapping[str, Any]]) -> None:
+    """Enqueue the strategy advisor's candidates for the baseline run; a failure only warns.
+
+    The first baseline run with advice (a recorded parameter count) is used. What was
+    enqueued and skipped (and why) is kept in the study's user attr "advisor".
+    """
+    try:
+        from ..analysis import analyze_run
+
+        rows: tuple[dict[str, Any], ...] = ()
+        for run_dir in run_dirs:
+            rows = analyze_run(run_dir).advice
+            if rows:
+                break
+        if not rows:
+            study.set_user_attr("advisor", {"enqueued": [], "skipped": [],
+                                            "note": "no advice: the baseline recorded no parameter count"})
+            return
+        names = {int(r["rank"]): str(r["name"]) for r in rows}
+        skipped: list[str] = []
+        trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
+        for rank, params in trials:
+            study.enqueue_trial(params, user_attrs={"role": "advisor", "advisor_rank": rank,
+                                                    "advisor_name": names.get(rank, "")})
+        study.set_user_attr("advisor", {
+            "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
+                         for rank, params in trials],
+            "skipped": skipped,
+        })
+    except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
+        _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
 
 
 def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series, *,
@@ -542,6 +598,7 @@ def _trial_result(t) -> TrialResult:
         failure_reason=ua.get("failure_reason", ""),
         stderr_tail=tuple(ua.get("stderr_tail", ())),
         run_dir=ua.get("run_dir", ""),
+        role=str(ua.get("role", "")),
     )
 
 

@@ -6,7 +6,12 @@ import math
 from typing import Any
 
 __all__ = [
+    "ADVICE_INPUT_LABELS",
     "PHASE_LABELS",
+    "advice_common_reasons",
+    "advice_headline",
+    "advice_input_text",
+    "fmt_gb",
     "fmt_bytes",
     "fmt_pct",
     "fmt_s",
@@ -125,3 +130,67 @@ def _short_pct(x: float) -> str:
     if round(x, 1) == 0:
         return "0"
     return f"{x:.1f}" if abs(x) < 9.95 else f"{x:.0f}"
+
+
+#: Display names of the strategy advisor's inputs (`ReportInfo.strategy_advice[*].inputs`).
+ADVICE_INPUT_LABELS = {
+    "num_params": "parameters",
+    "param_bytes_per_param": "bytes per parameter",
+    "optimizer_bytes_per_param": "optimizer state per parameter",
+    "device_memory_bytes": "memory per rank",
+    "gpus": "GPUs",
+    "world_size": "ranks",
+    "nnodes": "nodes",
+    "link_gbps": "link",
+    "reference_world_size": "LR tuned at (ranks)",
+    "strategy": "this run's strategy",
+}
+
+
+def fmt_gb(n: float | None) -> str:
+    """Bytes in decimal GB, as the advisor's reasons write them (0.21 GB, 12.6 GB, 80 GB)."""
+    if n is None:
+        return "–"
+    gb = float(n) / 1e9
+    return f"{gb:,.0f} GB" if gb >= 100 else f"{gb:.3g} GB"
+
+
+def advice_input_text(item: dict[str, Any]) -> str:
+    """The value of one advisor input for display ('13.1 M', '12.6 GB', 'unknown', ...)."""
+    name, value = item.get("name"), item.get("value")
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name == "num_params" and isinstance(value, (int, float)):
+        return f"{value / 1e9:.3g} B" if value >= 1e9 else f"{value / 1e6:.3g} M" if value >= 1e6 else f"{value:,}"
+    if name in ("param_bytes_per_param", "optimizer_bytes_per_param"):
+        return f"{value} B"
+    if name == "device_memory_bytes" and isinstance(value, (int, float)):
+        return fmt_gb(value)
+    if name == "link_gbps" and isinstance(value, (int, float)):
+        return f"{value:.3g} Gbit/s"
+    return _fmt_number(value) if isinstance(value, (int, float)) else str(value)
+
+
+def advice_headline(rows: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> str | None:
+    """'You run X; the advisor ranks Y first (yours is #3).' from strategy_advice rows; None without rows."""
+    if not rows:
+        return None
+    first = rows[0].get("name")
+    inputs = rows[0].get("inputs") or []
+    mine = next((i.get("value") for i in inputs if i.get("name") == "strategy"), None)
+    current = next((r for r in rows if r.get("current")), None)
+    if mine is None:
+        return f"The advisor ranks {first} first."
+    if current is not None and current.get("rank") == 1:
+        return f"You run {mine}, the advisor's first choice for this model and cluster."
+    where = f"yours is #{current.get('rank')}" if current is not None else "yours is not among its candidates"
+    return f"You run {mine}; the advisor ranks {first} first ({where})."
+
+
+def advice_common_reasons(rows: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[str]:
+    """Reasons every candidate gives (the model-state arithmetic): shown once, above the candidates."""
+    if len(rows) < 2:
+        return []
+    return [r for r in rows[0].get("reasons") or [] if all(r in (row.get("reasons") or []) for row in rows[1:])]

@@ -14,10 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis import RunAnalysis, RunFrames
-from ._format import PHASE_LABELS, fmt_bytes, fmt_pct, fmt_s, fmt_value, gain_text
+from ._format import (
+    ADVICE_INPUT_LABELS,
+    PHASE_LABELS,
+    advice_common_reasons,
+    advice_headline,
+    advice_input_text,
+    fmt_bytes,
+    fmt_gb,
+    fmt_pct,
+    fmt_s,
+    fmt_value,
+    gain_text,
+)
 from ._info import ReportInfo, build_report_info
 from ._json import _write_atomic
-from ._patch import patch_to_toml
+from ._patch import patch_to_dotted, patch_to_toml
 
 __all__ = ["render_html", "write_html"]
 
@@ -95,6 +107,7 @@ def render_html(
     parts += _breakdown(info)
     parts += _bottlenecks(info)
     parts += _recommendations(info)
+    parts += _strategy_advice(info)
     parts += _figures(frames, max_points)
     parts += _details(info)
     parts.append(
@@ -218,6 +231,39 @@ def _recommendations(info: ReportInfo) -> list[str]:
                                                              "code change.</p>"]
         out.append("</div>")
     return out
+
+
+_FITS = {True: "fits", False: "does not fit", None: "memory unknown"}
+
+
+def _strategy_advice(info: ReportInfo) -> list[str]:
+    rows = info.strategy_advice
+    if not rows:
+        return []
+    out = ['<h2 id="strategy-advice">Strategy advice</h2>', f"<p><b>{_e(advice_headline(rows))}</b></p>",
+           "<p class=muted>Ranked from these inputs by the guide's rules, not measured: <code>torsh-tune tune</code> "
+           "seeds its search with the candidates it can apply without code changes.</p>",
+           "<table><tr><th>advisor input</th><th>value</th><th>source</th></tr>"]
+    for item in rows[0].get("inputs") or []:
+        label = ADVICE_INPUT_LABELS.get(str(item.get("name")), item.get("name"))
+        detail = f" — {item['detail']}" if item.get("detail") else ""
+        out.append(f"<tr><td>{_e(label)}</td><td class=num>{_e(advice_input_text(item))}</td>"
+                   f"<td><b>{_e(item.get('source'))}</b>{_e(detail)}</td></tr>")
+    out.append("</table>")
+    common = advice_common_reasons(rows)
+    if common:
+        out += ["<ul>"] + [f"<li>{_e(r)}</li>" for r in common] + ["</ul>"]
+    out.append("<table><tr><th>#</th><th>candidate</th><th>fits</th><th>model state per rank</th><th>patch</th>"
+               "<th>why</th></tr>")
+    for row in rows:
+        mark = " <b>(this run)</b>" if row.get("current") else ""
+        patch = "<br>".join(f"<code>{_e(line)}</code>" for line in patch_to_dotted(row.get("config_patch") or {}))
+        reasons = "".join(f"<li>{_e(r)}</li>" for r in row.get("reasons") or [] if r not in common)
+        out.append(f"<tr><td class=num>{_e(row.get('rank'))}</td><td>{_e(row.get('name'))}{mark}</td>"
+                   f"<td>{_e(_FITS.get(row.get('fits'), '–'))}</td>"
+                   f"<td class=num>{_e(fmt_gb(row.get('memory_per_rank_bytes')))}</td><td>{patch}</td>"
+                   f"<td><ul>{reasons}</ul></td></tr>")
+    return out + ["</table>"]
 
 
 def _patch_block(patch: dict[str, Any]) -> list[str]:

@@ -63,6 +63,10 @@ class ReportInfo:
         bottlenecks: category, severity, ranks, evidence, message; most severe first.
         recommendations: priority, category, title, rationale, config_patch,
             expected_gain (low_pct, high_pct, basis), effort, verified_by; priority order.
+        strategy_advice: the strategy advisor's candidates for this run's model and
+            cluster, best first: rank, name, kind, score, memory_per_rank_bytes/_gb, fits,
+            config_patch, reasons, current (the run's own strategy) and inputs (name,
+            value, source measured/detected/assumed, detail; the same in every row).
         partial: the run did not end cleanly on every rank; numbers cover what was recorded.
         warnings: what was missing or odd while analysing.
 
@@ -84,6 +88,7 @@ class ReportInfo:
     system: dict[str, Any] | None = None
     bottlenecks: tuple[dict[str, Any], ...] = ()
     recommendations: tuple[dict[str, Any], ...] = ()
+    strategy_advice: tuple[dict[str, Any], ...] = ()
     partial: bool = False
     warnings: tuple[str, ...] = ()
 
@@ -112,7 +117,7 @@ class ReportInfo:
         if unknown:
             raise invalid("report key", f"one of {sorted(names)}", unknown[0])
         kwargs = dict(data)
-        for name in ("breakdown", "bottlenecks", "recommendations", "warnings"):
+        for name in ("breakdown", "bottlenecks", "recommendations", "strategy_advice", "warnings"):
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
@@ -152,6 +157,7 @@ def build_report_info(analysis: RunAnalysis, *, generated_at: str | None = None)
         system=_plain(dataclasses.asdict(a.system)) if a.system is not None else None,
         bottlenecks=tuple(_plain([dataclasses.asdict(b) for b in a.bottlenecks])),
         recommendations=tuple(_plain([dataclasses.asdict(r) for r in a.recommendations])),
+        strategy_advice=tuple(_plain(list(a.advice))),
         partial=bool(a.partial),
         warnings=tuple(str(w) for w in a.warnings),
     )

@@ -7,10 +7,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._format import PHASE_LABELS, fmt_bytes, fmt_pct, fmt_s, fmt_value, gain_text
+from ._format import (
+    ADVICE_INPUT_LABELS,
+    PHASE_LABELS,
+    advice_common_reasons,
+    advice_headline,
+    advice_input_text,
+    fmt_bytes,
+    fmt_gb,
+    fmt_pct,
+    fmt_s,
+    fmt_value,
+    gain_text,
+)
 from ._info import ReportInfo
 from ._json import _write_atomic
-from ._patch import patch_to_toml
+from ._patch import patch_to_dotted, patch_to_toml
 
 __all__ = ["render_markdown", "write_markdown"]
 
@@ -50,6 +62,7 @@ def render_markdown(info: ReportInfo) -> str:
     out += _breakdown(info)
     out += _bottlenecks(info)
     out += _recommendations(info)
+    out += _strategy_advice(info)
     out += _communication(info)
     out += _stragglers(info)
     out += _memory_system(info)
@@ -161,6 +174,32 @@ def _recommendations(info: ReportInfo) -> list[str]:
 
 
 _EFFORT_HINT = {"low": "< 1 h", "medium": "1-8 h", "high": "> 8 h"}
+_FITS = {True: "fits", False: "does not fit", None: "memory unknown"}
+_ADVICE_NOTE = ("Ranked from these inputs by the guide's rules, not measured: `torsh-tune tune` seeds its search "
+                "with the candidates it can apply without code changes.")
+
+
+def _strategy_advice(info: ReportInfo) -> list[str]:
+    rows = info.strategy_advice
+    if not rows:
+        return []
+    out = ["## Strategy advice", "", _inline(advice_headline(rows)), "",
+           f"_{_ADVICE_NOTE}_", ""]
+    out += ["| advisor input | value | source |", "|---|---|---|"]
+    for item in rows[0].get("inputs") or []:
+        label = ADVICE_INPUT_LABELS.get(str(item.get("name")), item.get("name"))
+        source = f"{item.get('source')} — {item['detail']}" if item.get("detail") else item.get("source")
+        out.append(f"| {_cell(label)} | {_cell(advice_input_text(item))} | {_cell(source)} |")
+    out.append("")
+    common = advice_common_reasons(rows)
+    out += [f"- {_inline(r)}" for r in common] + ([""] if common else [])
+    for row in rows:
+        mark = " (this run)" if row.get("current") else ""
+        patch = ", ".join(f"`{line}`" for line in patch_to_dotted(row.get("config_patch") or {})) or "–"
+        out.append(f"{row.get('rank')}. **{_inline(row.get('name'))}**{mark} — {_FITS.get(row.get('fits'), '–')}; "
+                   f"{fmt_gb(row.get('memory_per_rank_bytes'))} model state per rank; patch {patch}")
+        out += [f"   - {_inline(r)}" for r in row.get("reasons") or [] if r not in common]
+    return out + [""]
 
 
 def _communication(info: ReportInfo) -> list[str]:

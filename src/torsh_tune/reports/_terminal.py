@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ._format import PHASE_LABELS, fmt_pct, fmt_s, fmt_value, gain_text
+from ._format import PHASE_LABELS, advice_headline, fmt_pct, fmt_s, fmt_value, gain_text
 from ._info import ReportInfo
 from ._patch import patch_to_dotted
 
@@ -68,6 +68,9 @@ def render_summary(
     console.print(_bottleneck_table(info))
     if info.recommendations:
         console.print(_recommendation_table(info))
+    advice = advice_headline(info.strategy_advice)
+    if advice:
+        console.print(Text(f"strategy advice: {advice} (report.md has the candidates)", style="dim"))
     for warning in info.warnings[:5]:
         console.print(Text(f"warning: {warning}", style="yellow"))
     if len(info.warnings) > 5:

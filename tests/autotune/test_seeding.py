@@ -1,0 +1,145 @@
+"""The strategy advisor's candidates as enqueued trials: translation into the space, and the seeding."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import optuna
+
+from torsh_tune.autotune import advisor_params, build_space
+from torsh_tune.autotune.study import _seed_study
+from torsh_tune.config import RunConfig
+from torsh_tune.strategies.advisor import advice_table, advise
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
+
+
+def _row(rank, name, patch):
+    return {"rank": rank, "name": name, "config_patch": patch}
+
+
+def test_ddp_compression_candidates_become_complete_trial_params():
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    rows = [
+        _row(1, "ddp + powersgd compression",
+             {"strategy": {"kind": "ddp"}, "compression": {"method": "powersgd"},
+              "training": {"lr_scaling": "linear", "lr_warmup_steps": 100}}),
+        _row(2, "ddp + fp16 compression", {"strategy": {"kind": "ddp"}, "compression": {"method": "fp16"}}),
+        _row(3, "ddp + topk", {"strategy": {"kind": "ddp"}, "compression": {"method": "topk", "ratio": 0.05}}),
+    ]
+    skipped: list[str] = []
+    out = advisor_params(rows, space, skipped=skipped)
+    assert [rank for rank, _ in out] == [1, 2, 3] and skipped == []
+    base = space.baseline_params()
+    powersgd = out[0][1]
+    # The PyTorch defaults, the advised method, and PowerSGD's own knobs at their defaults.
+    assert powersgd == {**base, "compression.method": "powersgd", "compression.rank": 4, "compression.start_iter": 10}
+    assert out[1][1] == {**base, "compression.method": "fp16"}
+    assert out[2][1] == {**base, "compression.method": "topk", "compression.ratio": 0.05}
+    for _, params in out:
+        RunConfig().apply_patch(space.patch_of(params))  # valid configurations
+
+
+def test_candidates_the_zero_code_space_cannot_run_are_skipped_with_a_reason():
+    space = build_space(nproc_per_node=4, cpu_count=8)
+    rows = advice_table(advise(num_params=300_000_000, world_size=8, nnodes=2, link_gbps=5.0, gpus=True,
+                               device_memory_bytes=80 * 10**9))
+    skipped: list[str] = []
+    out = advisor_params(rows, space, skipped=skipped)
+    assert [(rank, params["compression.method"]) for rank, params in out] == [(1, "powersgd")]
+    text = "\n".join(skipped)
+    for kind in ("hsdp", "fsdp", "pipeline"):
+        assert f"strategy kind '{kind}' needs torsh_tune.parallelize" in text
+    # The hierarchical all-reduce is no dimension of the space: without it the trial is the baseline.
+    assert "#2 ddp + hierarchical all-reduce: the same trial as the PyTorch defaults" in text
+    assert "collectives.hierarchical" in text
+
+
+def test_values_outside_a_narrowed_space_and_duplicates_are_skipped():
+    fp16 = _row(1, "ddp + fp16 compression", {"strategy": {"kind": "ddp"}, "compression": {"method": "fp16"}})
+    plain = _row(2, "ddp", {"strategy": {"kind": "ddp"}})
+    again = _row(3, "ddp + fp16 compression", {"strategy": {"kind": "ddp"}, "compression": {"method": "fp16"}})
+    narrowed = build_space(nproc_per_node=2, cpu_count=8, spec={"compression.method": {"choices": ["none", "bf16"]}})
+    skipped: list[str] = []
+    assert advisor_params([fp16], narrowed, skipped=skipped) == []
+    assert "compression.method = 'fp16' lies outside the search space" in skipped[0]
+
+    fixed = build_space(nproc_per_node=2, cpu_count=8, spec={"compression.method": {"value": "none"}})
+    assert advisor_params([fp16], fixed) == []
+    off = build_space(nproc_per_node=2, cpu_count=8, include_compression=False)
+    skipped = []
+    assert advisor_params([fp16], off, skipped=skipped) == [] and "not searched here" in skipped[0]
+
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    skipped = []
+    assert [rank for rank, _ in advisor_params([fp16, plain, again], space, skipped=skipped)] == [1]
+    assert len(skipped) == 2
+    # Parameter sets the user already enqueued are not enqueued twice.
+    user = {"compression.method": "fp16"}
+    assert advisor_params([fp16], space, exclude=[user]) == []
+
+
+def _baseline_run(tmp_path, *, reference_busbw_gbps=None):
+    run = tmp_path / "baseline" / "00"
+    shutil.copytree(RECORDED / "comm_bound", run)
+    if reference_busbw_gbps is not None:
+        info = json.loads((run / "run.json").read_text())
+        info["reference_busbw_gbps"] = reference_busbw_gbps
+        (run / "run.json").write_text(json.dumps(info))
+    return run
+
+
+def test_seeding_enqueues_advisor_trials_after_the_defaults_once(tmp_path):
+    # 0.5 GB/s measured by a bench = 4 Gbit/s: the advisor ranks DDP + fp16 first for 13 M params.
+    run = _baseline_run(tmp_path, reference_busbw_gbps=0.5)
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    study = optuna.create_study(direction="maximize")
+    _seed_study(study, space, [str(run)], [{"ddp.bucket_cap_mb": 50.0}])
+
+    trials = study.get_trials(deepcopy=False)
+    assert [t.user_attrs["role"] for t in trials] == ["pytorch-defaults", "initial", "advisor"]
+    advisor = trials[2]
+    assert advisor.user_attrs["advisor_rank"] == 1 and advisor.user_attrs["advisor_name"] == "ddp + fp16 compression"
+    record = study.user_attrs["advisor"]
+    assert record["enqueued"][0]["params"]["compression.method"] == "fp16"
+    assert any("needs torsh_tune.parallelize" in line for line in record["skipped"])
+    # The sampler's next asks get the enqueued values, in order.
+    for name, expected in (("compression.method", "none"), ("ddp.bucket_cap_mb", 50.0),
+                           ("compression.method", "fp16")):
+        trial = study.ask()
+        assert space.suggest(trial)[name] == expected
+        study.tell(trial, 1.0)
+
+    # A resumed study (it has trials) enqueues nothing again.
+    _seed_study(study, space, [str(run)], [])
+    assert len(study.trials) == 3
+
+
+def test_seeding_without_usable_advice_enqueues_only_the_defaults(tmp_path, caplog):
+    run = _baseline_run(tmp_path)  # no link speed: plain DDP, the same as the defaults
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    study = optuna.create_study(direction="maximize")
+    _seed_study(study, space, [str(tmp_path / "missing"), str(run)], [])
+    assert [t.user_attrs["role"] for t in study.trials] == ["pytorch-defaults"]
+    assert study.user_attrs["advisor"]["enqueued"] == []
+
+    # A failure of the advisor only warns: the study goes on with trial 0.
+    broken = optuna.create_study(direction="maximize")
+    with caplog.at_level(logging.WARNING, logger="torsh_tune.autotune.study"):
+        _seed_study(broken, space, None, [])  # type: ignore[arg-type]  # not iterable
+    assert [t.user_attrs["role"] for t in broken.trials] == ["pytorch-defaults"]
+    assert "strategy advisor candidates not enqueued: TypeError" in caplog.text
+
+
+def test_a_study_without_compression_gets_no_compression_candidate(tmp_path):
+    run = _baseline_run(tmp_path, reference_busbw_gbps=0.5)
+    space = build_space(nproc_per_node=2, cpu_count=8, include_compression=False)
+    study = optuna.create_study(direction="maximize")
+    _seed_study(study, space, [str(run)], [])
+    assert len(study.trials) == 1
+    assert any("compression.method is not searched here" in line for line in study.user_attrs["advisor"]["skipped"])
