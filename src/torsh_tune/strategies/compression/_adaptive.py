@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from ...errors import invalid
 from ._base import CompressionState
+from ._topk import select_topk
 
 __all__ = ["AdaptiveState", "adaptive_hook"]
 
@@ -238,14 +239,7 @@ def adaptive_hook(state, bucket):  # noqa: ANN001, ANN201
 
         return state.allreduce_future(payload).then(unpack)
 
-    if state.error_feedback:
-        err = state.error_of(bucket)
-        buf.add_(err)
-    _, idx = buf.abs().topk(k, sorted=False)
-    vals = buf[idx]
-    if state.error_feedback:
-        err.copy_(buf)
-        err[idx] = 0
+    vals, idx = select_topk(state, bucket, buf, k)
     payload = torch.cat([vals.view(torch.uint8), idx.to(torch.int32).view(torch.uint8), extras.view(torch.uint8)])
     out = torch.empty(ws * payload.numel(), dtype=torch.uint8, device=buf.device)
     state.add_time("compress_s", t0)

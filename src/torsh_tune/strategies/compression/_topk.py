@@ -26,6 +26,24 @@ class TopKState(CompressionState):
         super().__init__(process_group, error_feedback=error_feedback)
 
 
+def select_topk(state: CompressionState, bucket: dist.GradBucket, buf: torch.Tensor,
+                k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest |entries| of `buf` plus the bucket's residual.
+
+    With error feedback the residual is added first and what is not sent becomes the new
+    residual.
+    """
+    if state.error_feedback:
+        err = state.error_of(bucket)
+        buf.add_(err)
+    _, idx = buf.abs().topk(k, sorted=False)
+    vals = buf[idx]
+    if state.error_feedback:
+        err.copy_(buf)
+        err[idx] = 0
+    return vals, idx
+
+
 def topk_hook(state, bucket):  # noqa: ANN001, ANN201
     """Top-K DDP comm hook: all-gather (values, indices), scatter-add, average.
 
@@ -45,14 +63,7 @@ def topk_hook(state, bucket):  # noqa: ANN001, ANN201
         state.start_call(bucket, n * es)
         return state.allreduce_future(buf.div_(ws)).then(lambda f: f.value()[0])
     t0 = time.perf_counter()
-    if state.error_feedback:
-        err = state.error_of(bucket)
-        buf.add_(err)
-    _, idx = buf.abs().topk(k, sorted=False)
-    vals = buf[idx]
-    if state.error_feedback:
-        err.copy_(buf)
-        err[idx] = 0
+    vals, idx = select_topk(state, bucket, buf, k)
     payload = torch.cat([vals.view(torch.uint8), idx.to(torch.int32).view(torch.uint8)])
     out = torch.empty(ws * payload.numel(), dtype=torch.uint8, device=buf.device)
     state.add_time("compress_s", t0)
