@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job on the bundled demo: baseline profile, a 6-trial study, confirmation, study report
+# (a few minutes on 2 CPU cores; STUDY/summary.md holds the verdict and the command to run the winner).
 demo: $(STAMP)
-	$(BIN)/torsh-tune profile --nproc-per-node 2 --steps 40 --warmup-steps 5 examples/ddp_mlp.py --hidden 1024
+	$(BIN)/torsh-tune --nproc-per-node 2 --trials 6 --steps 15 --warmup-steps 3 --confirm-top 1 --seed 0 \
+	  examples/ddp_mlp.py --hidden 512
 
 # Debian's Chromium drives the dashboard's browser tests (Playwright never downloads one).
 browser:

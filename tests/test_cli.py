@@ -309,3 +309,148 @@ def test_profile_with_a_deepspeed_config(tmp_path):
     config = json.loads((runs / "r" / "config.json").read_text())
     assert config["strategy"]["kind"] == "ddp"
     assert config["strategy"]["ddp"]["bucket_cap_mb"] == pytest.approx(2.5e6 * 4 / 2**20, abs=1e-3)
+
+
+# -- issue 4: the main job, `run`, API-mode detection ---------------------------------------------
+
+def test_main_job_end_to_end_profiles_tunes_confirms_and_reports(tmp_path):
+    """`torsh-tune SCRIPT` (no subcommand): baseline profile -> study -> confirmation -> study report."""
+    import time
+
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    proc = run_cli("--nproc-per-node", "2", "--trials", "2", "--baseline-repeats", "1", "--confirm-top", "1",
+                   "--confirm-pairs", "2", "--steps", "6", "--warmup-steps", "2", "--seed", "0",
+                   "--runs-dir", str(runs), "--run-name", "s", str(EXAMPLES / "data_bound.py"), timeout=400,
+                   env={"COLUMNS": "160"})
+    print(f"main job: {time.monotonic() - t0:.0f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = runs / "s"
+    # 1. the baseline profile, with its bottleneck report
+    profile = json.loads((study / "profile" / "report" / "report.json").read_text())
+    assert profile["bottlenecks"][0]["category"] == "io"
+    # 2. the study: plain progress lines without a terminal (trial i/N, ETA)
+    assert "trial   0 (1/2)" in proc.stdout and "ETA" in proc.stdout
+    assert (study / "best.toml").is_file()
+    from torsh_tune.config import load_config_file
+
+    load_config_file(study / "best.toml")
+    result = json.loads((study / "result.json").read_text())
+    # The profile's DataLoader recommendation ran as the first trial after the PyTorch defaults.
+    rec_trial = next(t for t in result["trials"] if t["number"] == 1)
+    assert rec_trial["role"] == "initial" and rec_trial["params"]["dataloader.num_workers"] >= 1
+    # 3. + 4. the confirmation's verdict in the study report (Markdown + JSON)
+    summary = json.loads((study / "summary.json").read_text())
+    md = (study / "summary.md").read_text()
+    verdict = summary["verdict"]
+    assert verdict["title"] in md and verdict["title"] in proc.stdout
+    if result["best_trial"] is None:
+        assert verdict == {**verdict, "confirmed": False, "title": "No confirmed speedup"}
+        assert summary["speedup"] is None and summary["best"] is None
+    else:
+        assert verdict["confirmed"] and verdict["title"] == f"Confirmed speedup {result['best_speedup']:.3f}x"
+        metrics = {m["metric"]: m for m in summary["migration"]}
+        assert set(metrics) == {"throughput", "peak_memory", "mean_loss", "time_per_step"}
+        assert metrics["throughput"]["best"] is not None and metrics["peak_memory"]["baseline"] > 0
+    assert summary["recommendations_tested"][0]["trial"] == 1
+    assert summary["commands"]["run"] == f"torsh-tune run --config {study / 'best.toml'} {EXAMPLES / 'data_bound.py'}"
+    assert f"torsh-tune run --config {study / 'best.toml'}" in md
+    winner = result["best_params"].get("dataloader.num_workers", "baseline (not confirmed)")
+    print(f"data_bound winner: num_workers={winner}, verdict: {verdict['title']}")
+
+
+def test_default_command_is_the_main_job_and_subcommands_stay():
+    from torsh_tune.cli import _split_default_command
+
+    assert _split_default_command(["--nproc-per-node", "2", "train.py", "--lr", "1"]) == [
+        "tune", "--main-job", "--nproc-per-node", "2", "train.py", "--lr", "1"]
+    for argv in (["profile", "train.py"], ["run", "--config", "s", "train.py"], ["tune", "train.py"], ["--version"]):
+        assert _split_default_command(argv) == argv
+
+
+def test_api_mode_is_detected_from_the_script_source(tmp_path):
+    from torsh_tune.cli import uses_parallelize
+
+    assert uses_parallelize(EXAMPLES / "api_strategies.py")
+    assert not uses_parallelize(EXAMPLES / "ddp_mlp.py")
+    own = tmp_path / "own.py"
+    own.write_text("def parallelize(m):\n    return m\nparallelize(None)\n")  # not torsh_tune's
+    assert not uses_parallelize(own)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["missing.py"], "SCRIPT must be an existing Python file, but got 'missing.py'"),
+        (["--trials", "0", "x.py"], "--trials: must be an integer >= 1, but got 0"),
+        (["--allow-batch-changes", str(SCRIPTS / "train_small.py")],
+         "--allow-batch-changes must be used with a script that calls torsh_tune.parallelize"),
+        (["--space", "SPACE", str(SCRIPTS / "train_small.py")], "space.ddp.bucket_cap_mb.low must be > 0"),
+        (["--space", "SPACE", "--api", str(SCRIPTS / "train_small.py")], "space.ddp.bucket_cap_mb.low must be > 0"),
+        (["run", "--config", "EMPTY", str(SCRIPTS / "train_small.py")],
+         "--config must be a study directory holding best.toml, or a config file"),
+    ],
+)
+def test_main_job_and_run_bad_input_is_one_line_before_anything_runs(tmp_path, args, expected):
+    space = tmp_path / "space.toml"
+    space.write_text("[space.ddp.bucket_cap_mb]\nlow = 0\n")
+    (tmp_path / "empty").mkdir()
+    args = [{"SPACE": str(space), "EMPTY": str(tmp_path / "empty")}.get(a, a) for a in args]
+    head = args[:1] if args[0] == "run" else []  # the main job has no subcommand
+    proc = run_cli(*head, "--runs-dir", str(tmp_path / "runs"), *args[len(head):], timeout=60)
+    assert expected in _one_line_error(proc)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_run_takes_a_study_dir_and_drops_the_studys_step_budget(tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "best.toml").write_text(
+        "[launch]\nnproc_per_node = 2\n[budget]\nsteps = 2\nwarmup_steps = 1\n[ddp]\nbucket_cap_mb = 5.0\n")
+    runs = tmp_path / "runs"
+    proc = run_cli("run", "--config", str(study), "--runs-dir", str(runs), "--run-name", "full",
+                   str(SCRIPTS / "train_small.py"), "--steps", "9", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "running train_small.py" in proc.stdout
+    config = json.loads((runs / "full" / "config.json").read_text())
+    assert config["budget"]["steps"] is None and config["strategy"]["ddp"]["bucket_cap_mb"] == 5.0
+    steps = (runs / "full" / "ranks" / "rank00000.steps.jsonl").read_text().splitlines()
+    assert len(steps) == 9  # the script's own 9 steps, not the study's budget of 1 + 2
+    assert (runs / "full" / "report" / "report.md").is_file()
+    # --steps still sets a budget, and a best.toml path works as well as its directory.
+    proc = run_cli("run", "--config", str(study / "best.toml"), "--steps", "3", "--runs-dir", str(runs),
+                   "--run-name", "short", str(SCRIPTS / "train_small.py"), "--steps", "50", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((runs / "short" / "config.json").read_text())["budget"]["steps"] == 3
+
+
+def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise():
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from torsh_tune.cli import _StudyProgress
+
+    def trial(number, samples_s, state="COMPLETE", status="feasible"):
+        return SimpleNamespace(number=number, samples_s=samples_s, state=state, constraint_status=status,
+                               failure_reason="" if samples_s else "script_error: boom", role="",
+                               params={"ddp.bucket_cap_mb": 25.0})
+
+    run = SimpleNamespace(state="COMPLETE", failure_reason="", measurement=SimpleNamespace(
+        throughput=SimpleNamespace(median_samples_s=100.0)))
+    events = [("run", "baseline", run), ("trial", trial(0, 120.0)), ("trial", trial(1, None, state="FAIL")),
+              ("trial", trial(2, 150.0, status="violated")), ("run", "confirm-A", run)]
+    for terminal in (True, False):
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=terminal, width=160, highlight=False)
+        with _StudyProgress(console, n_trials=3, baseline_runs=1, confirm_runs=2) as progress:
+            for kind, *what in events:
+                progress.on_run(*what) if kind == "run" else progress.on_trial(*what)
+        text = out.getvalue()
+        assert "best 120.0" in text and "best 150.0" not in text  # a violated trial is never the best so far
+        assert "VIOLATED" in text and "script_error: boom" in text and "ETA" in text
+        if terminal:
+            assert "trial 3/3" in text and "\x1b[" in text  # the live table's title, drawn with ANSI codes
+        else:
+            assert "trial   0 (1/3)" in text and "baseline (1/1)" in text and "\x1b[" not in text

@@ -1,7 +1,9 @@
 """`torsh-tune` command line.
 
-    torsh-tune [OPTIONS] SCRIPT [SCRIPT ARGS...]           the main job (today: profile)
+    torsh-tune [OPTIONS] SCRIPT [SCRIPT ARGS...]           the main job: baseline profile, study, confirmation, report
     torsh-tune profile [OPTIONS] SCRIPT [SCRIPT ARGS...]   run under the always-on profiler
+    torsh-tune tune [OPTIONS] SCRIPT [SCRIPT ARGS...]      the Optuna study alone (best.toml, result.json)
+    torsh-tune run --config STUDY [OPTIONS] SCRIPT ...     the full training with a study's best.toml, profiled
     torsh-tune report RUN [--format md|json]              re-analyse a run dir, rewrite its report
     torsh-tune import-config FILE [--from FMT] [--out F]  DeepSpeed/Horovod/FSDP1 settings -> strategy TOML
     torsh-tune advise --params N --world-size W ...       ranked strategies for a model size and cluster
@@ -30,8 +32,10 @@ from .config import (
 from .errors import ConfigError, TorshTuneError, invalid
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-SUBCOMMANDS = ("profile", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
+SUBCOMMANDS = ("profile", "run", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
 RUN_END_FORMATS = ("json", "md", "html")
+#: Measured steps per run of a study when neither --steps nor the config sets them (autotune.study's default).
+STUDY_DEFAULT_STEPS = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,20 +109,8 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="torsh-tune",
-        description="Profile, diagnose and tune PyTorch distributed training.",
-        epilog="Without a subcommand, `torsh-tune SCRIPT ...` runs the main job; until the autotuner "
-        "lands that is `profile`. Exit status: 0 ok, 1 the run failed, 2 bad input, 130 interrupted.",
-    )
-    parser.add_argument("--version", action="version", version=f"torsh-tune {__version__}")
-    parser.add_argument("--debug", action="store_true", help="Show tracebacks of errors.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    prof = sub.add_parser("profile", help="Run a script under the always-on profiler and report its bottlenecks.")
-    _add_launch_options(prof)
-    tun = sub.add_parser("tune", help="Optuna study over DDP, compression, DataLoader and thread knobs; confirmed winners to best.toml.")
-    g = tun.add_argument_group("study")
+def _add_study_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("study")
     g.add_argument("--trials", type=_POSITIVE_INT, default=20, help="Finished trials the study should hold (default 20; trial 0 = PyTorch defaults).")
     g.add_argument("--sampler", choices=("tpe", "random", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe).")
     g.add_argument("--seed", type=_NON_NEGATIVE_INT, help="Sampler and bootstrap seed.")
@@ -133,6 +125,49 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=0.01, help="Largest relative loss deviation from the baseline (default 0.01).")
     g.add_argument("--space", metavar="FILE", help="TOML [space] table narrowing, widening or fixing dimensions.")
     g.add_argument("--no-compression", action="store_true", help="Do not search gradient compression.")
+    g.add_argument("--api", action=argparse.BooleanOptionalAction, default=None,
+                   help="Search the strategy kind (DDP, FSDP, HSDP, pipeline) and its options: the script calls "
+                   "torsh_tune.parallelize (default: detected in the script's source).")
+    g.add_argument("--allow-batch-changes", action="store_true",
+                   help="Also search knobs that change the effective batch (gradient accumulation; API mode only).")
+    g.add_argument("--objectives", default="throughput",
+                   help="Objectives, comma-separated: throughput, or throughput,loss (also minimise the loss deviation "
+                   "from the baseline; reports a Pareto front).")
+    g.add_argument("--pruner", choices=("none", "median", "percentile"), default="none",
+                   help="Stop trials whose running throughput falls behind the completed trials' at the same step "
+                   "(single objective only; default none).")
+    g.add_argument("--pruner-percentile", type=_POSITIVE_FLOAT, metavar="PCT",
+                   help="With --pruner percentile: the share of trials kept (default 25).")
+    g.add_argument("--pruner-warmup-steps", type=_NON_NEGATIVE_INT, metavar="N",
+                   help="Measured steps before a trial may be pruned (default 3).")
+    g.add_argument("--pruner-startup-trials", type=_NON_NEGATIVE_INT, metavar="N",
+                   help="Completed trials before any pruning (default 5).")
+    g.add_argument("--max-peak-mem-bytes", type=_POSITIVE_INT, metavar="BYTES",
+                   help="A trial whose peak memory (any rank; RSS on CPU) exceeds this violates a constraint.")
+    g.add_argument("--main-job", action="store_true", help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="torsh-tune",
+        description="Profile, diagnose and tune PyTorch distributed training.",
+        epilog="Without a subcommand, `torsh-tune [OPTIONS] SCRIPT ...` runs the main job: a baseline profile, "
+        "the Optuna study (the options of `tune`), the confirmation of its best candidates and a study report "
+        "(STUDY/summary.md, summary.json). Exit status: 0 ok, 1 the run failed, 2 bad input, 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"torsh-tune {__version__}")
+    parser.add_argument("--debug", action="store_true", help="Show tracebacks of errors.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    prof = sub.add_parser("profile", help="Run a script under the always-on profiler and report its bottlenecks.")
+    _add_launch_options(prof)
+    run_ = sub.add_parser(
+        "run", help="The full training with a study's tuned config (STUDY or STUDY/best.toml) under the always-on profiler.",
+        description="Like `profile`, for the whole run: no step budget unless --steps is given (a budget in the "
+        "config file is dropped). --config takes a study directory (its best.toml) or a config file.",
+    )
+    _add_launch_options(run_)
+    tun = sub.add_parser("tune", help="Optuna study over DDP, compression, DataLoader and thread knobs; confirmed winners to best.toml.")
+    _add_study_options(tun)
     _add_launch_options(tun)
     app_ = sub.add_parser("apply", help="Print the tuned config (best.toml) of a study.")
     app_.add_argument("study", help="A study directory written by `torsh-tune tune`.")
@@ -259,39 +294,48 @@ def _check_backend(config: RunConfig) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    return _profiled_run(args, argv, _config_from_args(args), verb="profiling")
+
+
+def cmd_run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """The full training with a tuned config: `profile` without a step budget unless --steps says so."""
+    if args.config is not None:
+        args.config = str(_config_of_study(args.config))
     config = _config_from_args(args)
+    if args.steps is None and config.budget.steps is not None:
+        config = config.with_overrides({"budget.steps": None})  # a study's per-trial budget is not the user's
+    return _profiled_run(args, argv, config, verb="running")
+
+
+def _config_of_study(path: str) -> Path:
+    """`--config` of `run`: a study directory means its best.toml."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "best.toml").is_file():
+            raise invalid("--config", "a study directory holding best.toml, or a config file", path)
+        return p / "best.toml"
+    return p
+
+
+def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConfig, *, verb: str) -> int:
     script = check_script(args.script)
     _check_backend(config)
     reference = _reference_from_bench(args.reference_bench) if args.reference_bench else None
 
     from rich.console import Console
 
-    from .launch import launch_run
     from .rundir import new_run_dir
 
     run_dir = new_run_dir(args.runs_dir, script.name, name=args.run_name)
     console = Console(stderr=False, highlight=False)
-    console.print(f"[bold]torsh-tune[/] profiling [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
-    total = None if config.budget.steps is None else config.budget.steps + config.budget.warmup_steps
-    echo = None if not args.quiet else (lambda line: None)
+    console.print(f"[bold]torsh-tune[/] {verb} [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
     server = _start_dashboard(run_dir, args.dashboard, console) if args.dashboard else None
-    with console.status("starting torchrun …") as status:
-
-        def on_progress(p: Any) -> None:
-            steps = f"{p.steps_done}/{total}" if total else str(p.steps_done)
-            last = f" · last step {p.last_step_s * 1e3:.1f} ms" if p.last_step_s else ""
-            status.update(f"step {steps}{last} · {p.elapsed_s:.0f} s · {p.ranks_reporting} rank(s) reporting")
-
-        def echo_line(line: str) -> None:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-        try:
-            outcome = launch_run(
-                config, run_dir, script, list(args.script_args), argv=list(argv), echo=echo or echo_line, on_progress=on_progress
-            )
-        finally:
-            if server is not None:
-                server.shutdown()
+    try:
+        outcome = _launch_with_status(config, run_dir, script, list(args.script_args), argv=argv,
+                                      console=console, quiet=args.quiet)
+    finally:
+        if server is not None:
+            server.shutdown()
     if reference is not None:
         from .rundir import write_json_atomic
 
@@ -300,6 +344,27 @@ def cmd_profile(args: argparse.Namespace, argv: Sequence[str]) -> int:
         info["reference_bench"] = str(Path(args.reference_bench).resolve())
         write_json_atomic(run_dir.run_json, info)
     return _finish_run(config, run_dir, outcome, console)
+
+
+def _launch_with_status(config: RunConfig, run_dir: Any, script: Path, script_args: list[str], *,
+                        argv: Sequence[str] | None, console: Any, quiet: bool) -> Any:
+    """`launch_run` with a live status line (step i/N, last step time) and the script's output echoed."""
+    from .launch import launch_run
+
+    total = None if config.budget.steps is None else config.budget.steps + config.budget.warmup_steps
+    with console.status("starting torchrun …") as status:
+
+        def on_progress(p: Any) -> None:
+            steps = f"{p.steps_done}/{total}" if total else str(p.steps_done)
+            last = f" · last step {p.last_step_s * 1e3:.1f} ms" if p.last_step_s else ""
+            status.update(f"step {steps}{last} · {p.elapsed_s:.0f} s · {p.ranks_reporting} rank(s) reporting")
+
+        def echo_line(line: str) -> None:
+            if not quiet:
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+        return launch_run(config, run_dir, script, script_args, argv=list(argv) if argv is not None else None,
+                          echo=echo_line, on_progress=on_progress)
 
 
 def _start_dashboard(run_dir: Any, port: int, console: Any) -> Any:
@@ -318,22 +383,27 @@ def _start_dashboard(run_dir: Any, port: int, console: Any) -> Any:
 
 
 def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> int:
+    return _report_run(config, run_dir, outcome, console)[0]
+
+
+def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> tuple[int, Any]:
+    """Analyse a finished run, write its reports, print its summary: (exit status, RunAnalysis or None)."""
     from .analysis import analyze_run, compact_run
     from .reports import build_report_info, render_summary, write_reports
 
     if outcome.status == "config_error":
         print(f"torsh-tune: error: {outcome.message}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, None
     compact_run(run_dir.path)
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
     write_reports(analysis, run_dir.path, formats=RUN_END_FORMATS)
     render_summary(build_report_info(analysis), console)
     if outcome.status == "ok":
-        return EXIT_OK
+        return EXIT_OK, analysis
     console.print(f"[bold red]run {outcome.status}[/]: {outcome.message}")
     for line in outcome.stderr_tail[-10:]:
         console.print(f"  {line}", markup=False, highlight=False)
-    return EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED
+    return (EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED), analysis
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -354,18 +424,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
+def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """`tune`: the study; with `--main-job` (torsh-tune SCRIPT ...) also the baseline profile and the report."""
     import os
 
     from rich.console import Console
 
-    from .autotune import load_space_file, tune
+    from .autotune import build_space, load_space_file, tune
     from .rundir import new_run_dir
 
     config = _config_from_args(args)
     script = check_script(args.script)
     _check_backend(config)
-    space = load_space_file(args.space) if args.space else None
+    spec = load_space_file(args.space) if args.space else None
+    api_mode = args.api if args.api is not None else uses_parallelize(script)
+    if args.allow_batch_changes and not api_mode:
+        raise invalid("--allow-batch-changes", "used with a script that calls torsh_tune.parallelize (API mode, --api)",
+                      args.script)
+    cuda = _uses_cuda(config)
+    space_args: dict[str, Any] = {
+        "nproc_per_node": config.launch.nproc_per_node, "cpu_count": os.cpu_count(), "cuda": cuda,
+        "include_compression": not args.no_compression, "spec": spec,
+    }
+    space_options = {"api_mode": api_mode, "allow_batch_changes": args.allow_batch_changes}
+    # An invalid space is a one-line error before anything runs (the study rebuilds it after the baseline).
+    space = build_space(**space_args, base=config, **space_options)
     if args.resume:
         study_dir = Path(args.resume)
         if not (study_dir / "study.db").is_file() and args.storage is None:
@@ -373,31 +456,112 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         study_dir = new_run_dir(args.runs_dir, f"tune-{script.stem}", name=args.run_name).path
     console = Console(highlight=False)
-    console.print(f"[bold]torsh-tune[/] tuning [cyan]{script.name}[/] on {config.world_size} rank(s) → {study_dir}")
-    best: list[float] = []
+    job = "the main job (profile, tune, confirm, report)" if args.main_job else "tuning"
+    console.print(f"[bold]torsh-tune[/] {job}: [cyan]{script.name}[/] on {config.world_size} rank(s) → {study_dir}")
+    mode = "API mode (torsh_tune.parallelize)" if api_mode else "zero code"
+    console.print(f"search space ({mode}): {', '.join(space.dims)}", markup=False)
 
-    def on_run(kind: str, run: Any) -> None:
-        tp = run.measurement.throughput if run.measurement is not None else None
-        value = f"{tp.median_samples_s:,.1f} samples/s" if tp is not None else f"{run.state} {run.failure_reason}"
-        console.print(f"  {kind:<10} {value}", markup=False)
+    initial_params: list[dict[str, Any]] = []
+    seeded: list[str] = []
+    profile_dir = study_dir / "profile"
+    if args.main_job and not profile_dir.is_dir():
+        code, initial_params, seeded = _baseline_profile(
+            args, argv, config, script, profile_dir, console, space_args=space_args, space_options=space_options)
+        if code != EXIT_OK:
+            console.print("the baseline profile did not succeed: no study was started")
+            return code
 
-    def on_trial(t: Any) -> None:
-        if t.samples_s and t.constraint_status != "violated":
-            best.append(t.samples_s)
-        obj = f"{t.samples_s:,.1f} samples/s" if t.samples_s else (t.failure_reason or "")
-        top = f"best {max(best):,.1f}" if best else ""
-        params = ", ".join(f"{k}={v}" for k, v in sorted(t.params.items()))
-        role = f" ({t.role})" if t.role in ("advisor", "initial") else ""
-        console.print(f"  trial {t.number:>3} {t.state:<8} {obj:<28} {top:<18} {params}{role}", markup=False)
+    progress = _StudyProgress(console, n_trials=args.trials, baseline_runs=args.baseline_repeats,
+                              confirm_runs=2 * args.confirm_top * args.confirm_pairs)
+    with progress:
+        result = tune(
+            script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
+            sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
+            baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
+            steps=config.budget.steps, warmup_steps=config.budget.warmup_steps, trial_timeout_s=args.trial_timeout,
+            timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance, space_spec=spec,
+            include_compression=not args.no_compression, cuda=cuda, cpu_count=os.cpu_count(),
+            initial_params=initial_params, on_trial=progress.on_trial, on_run=progress.on_run,
+            space_options=space_options, objectives=tuple(args.objectives.split(",")), pruner=args.pruner,
+            pruner_percentile=args.pruner_percentile, pruner_warmup_steps=args.pruner_warmup_steps,
+            pruner_startup_trials=args.pruner_startup_trials, max_peak_mem_bytes=args.max_peak_mem_bytes,
+        )
+    _print_study_result(result, console)
+    if not args.main_job:
+        run_cmd = _shell_join(["torsh-tune", "run", "--config", result.files.get("best.toml", ""), args.script,
+                               *args.script_args])
+        console.print(f"run it: {run_cmd}", markup=False)
+        return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
 
-    result = tune(
-        script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
-        sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
-        baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
-        steps=config.budget.steps, warmup_steps=config.budget.warmup_steps, trial_timeout_s=args.trial_timeout,
-        timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance, space_spec=space,
-        include_compression=not args.no_compression, cpu_count=os.cpu_count(), on_trial=on_trial, on_run=on_run,
+    from .autotune.summary import build_summary, write_summary
+
+    summary = build_summary(
+        study_dir, script=args.script, script_args=list(args.script_args), loss_tolerance=args.loss_tolerance,
+        profile_run=profile_dir if profile_dir.is_dir() else None, recommendations_tried=seeded,
+        study_command=["torsh-tune", *argv],
     )
+    files = write_summary(study_dir, summary)
+    _print_summary(summary, files, console)
+    return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+
+
+def uses_parallelize(script: Path) -> bool:
+    """Whether the script's source calls `torsh_tune.parallelize` (API mode); `--api/--no-api` overrides."""
+    import re
+
+    source = script.read_text(errors="replace")
+    return "torsh_tune" in source and re.search(r"\bparallelize\s*\(", source) is not None
+
+
+def _uses_cuda(config: RunConfig) -> bool:
+    """Whether the ranks will use CUDA (judged on this host: the launch node)."""
+    if config.launch.backend == "gloo":
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: RunConfig, script: Path,
+                      profile_dir: Path, console: Any, *, space_args: dict[str, Any],
+                      space_options: dict[str, Any]) -> tuple[int, list[dict[str, Any]], list[str]]:
+    """The main job's first step: one profiled run of the user's config with its bottleneck report.
+
+    Its recommendations whose patches the search space can express become the study's first
+    trials after the PyTorch defaults, so the study confirms or refutes each of them.
+
+    Returns:
+        (exit status, initial trial parameters, the titles of the recommendations they test).
+    """
+    from .autotune import advisor_params, build_space, measure_run
+    from .rundir import new_run_dir
+
+    steps = config.budget.steps or STUDY_DEFAULT_STEPS
+    profile_config = config.apply_patch({"budget": {"steps": steps}, "profiler": {"enabled": True}})
+    run_dir = new_run_dir(profile_dir.parent, profile_dir.name, name=profile_dir.name)
+    console.print(f"[bold]1. baseline profile[/] ({steps} measured steps) → {run_dir.path}")
+    outcome = _launch_with_status(profile_config, run_dir, script, list(args.script_args), argv=argv,
+                                  console=console, quiet=True)
+    code, analysis = _report_run(profile_config, run_dir, outcome, console)
+    if code != EXIT_OK or analysis is None:
+        return code, [], []
+    space = build_space(**space_args, baseline_num_microbatches=measure_run(run_dir.path).max_microbatches,
+                        base=config, **space_options)
+    rows = [{"rank": r.priority, "name": r.title, "config_patch": r.config_patch}
+            for r in analysis.recommendations if r.config_patch]
+    skipped = [f"#{r.priority} {r.title}: no config knob (a code change)"
+               for r in analysis.recommendations if not r.config_patch]
+    seeds = advisor_params(rows, space, skipped=skipped)
+    titles = {int(r["rank"]): str(r["name"]) for r in rows}
+    for rank, _ in seeds:
+        console.print(f"  recommendation #{rank} becomes a trial: {titles[rank]}", markup=False)
+    for line in skipped:
+        console.print(f"  recommendation not tried: {line}", markup=False)
+    console.print("[bold]2. study[/] (baseline repeats, trials, confirmation)")
+    return EXIT_OK, [params for _, params in seeds], [titles[rank] for rank, _ in seeds]
+
+
+def _print_study_result(result: Any, console: Any) -> None:
     b = result.baseline
     console.print(f"baseline: {b.median_samples_s:,.1f} samples/s (run-to-run noise {100 * b.noise_rel:.1f} %)")
     for c in result.confirmations:
@@ -412,8 +576,141 @@ def cmd_tune(args: argparse.Namespace) -> int:
         console.print(f"best: trial {result.best_trial} at {result.best_speedup:.3f}x — {result.best_params}")
     for name, path in result.files.items():
         console.print(f"{name}: {path}")
-    console.print(f"run it: torsh-tune profile --config {result.files.get('best.toml')} {script} {' '.join(args.script_args)}")
-    return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
+
+
+def _print_summary(summary: dict[str, Any], files: dict[str, str], console: Any) -> None:
+    """The study report's essentials on the terminal (the rest is in summary.md)."""
+    from rich.table import Table
+
+    v = summary["verdict"]
+    style = "bold green" if v["confirmed"] else "bold yellow"
+    console.print(f"[{style}]{v['title']}.[/] {v['text']}")
+    table = Table(title="baseline vs best (ToRSh migration checks)", title_justify="left")
+    for col in ("metric", "baseline", "best", "change", "rule", "check"):
+        table.add_column(col)
+    from .autotune.summary import format_cell
+
+    for m in summary["migration"]:
+        table.add_row(m["label"], format_cell(m, "baseline"), format_cell(m, "best"), format_cell(m, "change"),
+                      m["rule"], {True: "[green]pass[/]", False: "[red]fail[/]", None: "—"}[m["ok"]])
+    console.print(table)
+    console.print("reproduce:")
+    for name in ("run", "apply"):
+        console.print(f"  {summary['commands'][name]}", markup=False, highlight=False, soft_wrap=True)
+    for name, path in files.items():
+        console.print(f"{name}: {path}", markup=False)
+
+
+def _shell_join(parts: Sequence[str]) -> str:
+    import shlex
+
+    return shlex.join([str(p) for p in parts])
+
+
+class _StudyProgress:
+    """Progress of a study: trial i/N, state, objective, best so far and ETA.
+
+    A live table on a terminal; one plain line per run otherwise (pipes, CI, tests).
+    """
+
+    _ROWS = 12
+
+    def __init__(self, console: Any, *, n_trials: int, baseline_runs: int, confirm_runs: int) -> None:
+        import time
+
+        self.console, self.n_trials = console, n_trials
+        self.baseline_runs, self.confirm_runs = baseline_runs, confirm_runs
+        self.baseline_done = self.trials_done = self.confirm_done = self.runs = 0
+        self.best: float | None = None
+        self.rows: list[tuple[str, ...]] = []
+        self.t0 = self.t_last = time.monotonic()
+        self.run_s: list[float] = []
+        self.live: Any = None
+
+    def __enter__(self) -> "_StudyProgress":
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self, console=self.console, refresh_per_second=2, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def _tick(self) -> None:
+        import time
+
+        now = time.monotonic()
+        self.run_s.append(now - self.t_last)
+        self.t_last = now
+
+    def eta(self) -> str:
+        """Remaining runs times the median run so far; '?' before the first run ends."""
+        if not self.run_s:
+            return "?"
+        left = (max(self.baseline_runs - self.baseline_done, 0) if self.trials_done == 0 else 0)
+        left += max(self.n_trials - self.trials_done, 0) + max(self.confirm_runs - self.confirm_done, 0)
+        run_s = sorted(self.run_s)[len(self.run_s) // 2]
+        return _duration(left * run_s)
+
+    def on_run(self, kind: str, run: Any) -> None:
+        self._tick()
+        if kind == "baseline":
+            self.baseline_done += 1
+            label = f"baseline ({self.baseline_done}/{self.baseline_runs})"
+        else:
+            self.confirm_done += 1
+            label = f"{kind} ({self.confirm_done}/{self.confirm_runs})"
+        tp = run.measurement.throughput if run.measurement is not None else None
+        value = f"{tp.median_samples_s:,.1f} samples/s" if tp is not None else f"{run.failure_reason}"
+        self._emit((label, run.state, value, "", ""),
+                   f"  {label:<19} {run.state:<8} {value:<28} {'':<18} ETA {self.eta()}")
+
+    def on_trial(self, t: Any) -> None:
+        self._tick()
+        self.trials_done = max(self.trials_done, t.number + 1)
+        state = "VIOLATED" if t.constraint_status == "violated" else t.state
+        if t.samples_s and t.constraint_status != "violated":
+            self.best = max(self.best or 0.0, t.samples_s)
+        obj = f"{t.samples_s:,.1f} samples/s" if t.samples_s else (t.failure_reason or "")
+        top = f"best {self.best:,.1f}" if self.best else ""
+        params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(t.params.items()))
+        role = f" ({t.role})" if t.role in ("advisor", "initial") else ""
+        done = f"({self.trials_done}/{self.n_trials})"
+        self._emit((f"trial {t.number} {done}", state, obj, f"{self.best:,.1f}" if self.best else "", params + role),
+                   f"  trial {t.number:>3} {done:<9} {state:<8} {obj:<28} {top:<18} ETA {self.eta():<7} "
+                   f"{params}{role}")
+
+    def _emit(self, row: tuple[str, ...], line: str) -> None:
+        self.rows.append(row)
+        if self.live is None:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def __rich__(self) -> Any:
+        import time
+
+        from rich.table import Table
+
+        elapsed = _duration(time.monotonic() - self.t0)
+        best = f"{self.best:,.1f} samples/s" if self.best else "—"
+        table = Table(title=f"trial {self.trials_done}/{self.n_trials} · best {best} · elapsed {elapsed} · "
+                            f"ETA {self.eta()}", title_justify="left", expand=False)
+        for col in ("run", "state", "objective", "best so far", "parameters"):
+            table.add_column(col, overflow="fold")
+        for row in self.rows[-self._ROWS:]:
+            table.add_row(*row)
+        return table
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -572,14 +869,14 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _split_default_command(argv: list[str]) -> list[str]:
-    """`torsh-tune [OPTS] SCRIPT ...` without a subcommand means the main job."""
-    for i, token in enumerate(argv):
+    """`torsh-tune [OPTS] SCRIPT ...` without a subcommand means the main job (`tune --main-job`)."""
+    for token in argv:
         if token in SUBCOMMANDS:
             return argv
         if token in ("-h", "--help", "--version"):
             return argv
         if not token.startswith("-"):
-            return ["profile"] + argv
+            return ["tune", "--main-job"] + argv
     return argv
 
 
@@ -594,8 +891,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         if args.command == "profile":
             return cmd_profile(args, argv)
+        if args.command == "run":
+            return cmd_run(args, argv)
         if args.command == "tune":
-            return cmd_tune(args)
+            return cmd_tune(args, argv)
         if args.command == "apply":
             return cmd_apply(args)
         if args.command == "report":

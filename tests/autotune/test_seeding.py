@@ -55,8 +55,8 @@ def test_candidates_the_zero_code_space_cannot_run_are_skipped_with_a_reason():
     text = "\n".join(skipped)
     for kind in ("hsdp", "fsdp", "pipeline"):
         assert f"strategy kind '{kind}' needs torsh_tune.parallelize" in text
-    # The hierarchical all-reduce is no dimension of the space: without it the trial is the baseline.
-    assert "#2 ddp + hierarchical all-reduce: the same trial as the PyTorch defaults" in text
+    # The hierarchical all-reduce is searched only across nodes.
+    assert "#2 ddp + hierarchical all-reduce: collectives.hierarchical is not searched here (one node" in text
     assert "collectives.hierarchical" in text
 
 

@@ -34,7 +34,8 @@ def study(tmp_path_factory) -> tuple[Path, TuneResult, list]:
     seen = []
     result = tune(
         SCRIPT, [], study_dir=study_dir, n_trials=3, baseline_repeats=2, confirm_top=1, confirm_pairs=1,
-        initial_params=[{"ddp.bucket_cap_mb": 150.0}], on_trial=seen.append, **COMMON,
+        initial_params=[{"ddp.bucket_cap_mb": 150.0}, {"ddp.bucket_cap_mb": 5.0}], on_trial=seen.append,
+        max_peak_mem_bytes=1 << 50, **COMMON,
     )
     return study_dir, result, seen
 
@@ -54,11 +55,15 @@ def test_trials_are_recorded_and_a_failed_trial_does_not_stop_the_study(study):
     for t in (result.trials[0], result.trials[2]):
         assert t.samples_s > 0 and t.constraint_status == "feasible" and t.loss_deviation is not None
         assert Path(t.run_dir).parent == study_dir / "trials"
+        # The peak-memory limit is a constraint (far above this run's RSS: feasible).
+        assert t.peak_mem_bytes > 0 and t.constraints["peak_mem"] == pytest.approx(t.peak_mem_bytes / (1 << 50) - 1)
+        # Single objective: the running throughput is reported at every measured step (no pruner here).
+        assert list(t.intermediate_samples_s) == list(range(5))
     with open(study_dir / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["state"] for r in rows] == ["COMPLETE", "FAIL", "COMPLETE"]
     assert "planted failure" in rows[1]["failure_reason"] and rows[1]["objective_samples_s"] == ""
-    assert json.loads(rows[2]["params"])["ddp.bucket_cap_mb"] in (25.0, 5.0)
+    assert json.loads(rows[2]["params"])["ddp.bucket_cap_mb"] == 5.0
     frame = pd.read_parquet(study_dir / "trials.parquet")
     assert list(frame["number"]) == [0, 1, 2] and frame["objective_samples_s"].isna().tolist() == [False, True, False]
 
@@ -81,6 +86,7 @@ def test_baseline_confirmation_and_result_files(study):
         assert best == BASE and result.best_speedup is None
     data = json.loads((study_dir / "result.json").read_text())
     assert data["baseline"]["samples_s"] == list(result.baseline.samples_s)
+    assert result.objectives == ("throughput",) and result.pareto == () and data["pareto"] == []
     assert len(data["trials"]) == 3
     for t in result.trials:
         run = json.loads((Path(t.run_dir) / "run.json").read_text())
@@ -89,7 +95,7 @@ def test_baseline_confirmation_and_result_files(study):
 
 def test_trials_carry_their_role_and_the_advisor_seeding_is_recorded(study):
     study_dir, result, _ = study
-    assert [t.role for t in result.trials] == ["pytorch-defaults", "initial", ""]
+    assert [t.role for t in result.trials] == ["pytorch-defaults", "initial", "initial"]
     attrs = optuna.load_study(study_name="torsh-tune", storage=f"sqlite:///{study_dir / 'study.db'}").user_attrs
     # A small CPU model without a bench link: the advisor's DDP is trial 0 itself (compression is
     # fixed to none here), and its FSDP/pipeline candidates need the API: nothing to enqueue.
@@ -108,7 +114,7 @@ def test_resume_continues_the_study_and_fails_stale_trials(study):
     by_number = {t.number: t for t in result.trials}
     assert [by_number[n].state for n in (0, 1, 2)] == [t.state for t in first.trials]
     assert by_number[stale.number].state == "FAIL" and "stale" in by_number[stale.number].failure_reason
-    assert len(result.trials) == 5 and by_number[4].state in ("COMPLETE", "FAIL")
+    assert len(result.trials) == 5 and by_number[4].state in ("COMPLETE", "FAIL") and by_number[4].role == ""
     assert result.confirmations == () and result.best_trial is None
 
 

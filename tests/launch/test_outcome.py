@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from torsh_tune.config import LaunchConfig, RunConfig
@@ -145,3 +146,165 @@ def test_run_json_start_and_finish(tmp_path: Path) -> None:
     assert done["status"] == "timeout" and done["duration_s"] == 4.5
     assert done["outcome"]["ranks"] == {"0": "stopped"} and done["started_at"] == info["started_at"]
     assert [p.name for p in rd.path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+# -- failure kinds: oom, collective_timeout, the abort after a completed run ---------------
+
+def _summary(root_rank: int, root_exitcode: int, *, other: tuple[int, int] | None = None) -> str:
+    """A torchrun 2.13 failure summary (as in SUMMARY_SIGKILL) with the given root cause."""
+
+    def entry(i: int, rank: int, code: int) -> str:
+        sig = f"  ({signal.Signals(-code).name})" if code < 0 else ""
+        return (f"[{i}]:\n  time      : 2026-11-22_05:38:28\n  host      : localhost\n"
+                f"  rank      : {rank} (local_rank: {rank})\n  exitcode  : {code} (pid: {5441 + rank}){sig}\n"
+                "  error_file: <N/A>\n")
+
+    others = entry(1, *other) if other else "  <NO_OTHER_FAILURES>\n"
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=" * 54
+            + "\ntorsh_tune.runtime.bootstrap FAILED\n" + "-" * 54 + "\nFailures:\n" + others + "-" * 54
+            + "\nRoot Cause (first observed failure):\n" + entry(0, root_rank, root_exitcode) + "=" * 54 + "\n")
+
+
+def _write_error(rd: RunDir, rank: int, *, t_exit: float, etype: str, msg: str, tb: str = "") -> None:
+    rec = {"rank": rank, "status": "error", "error_type": etype, "message": msg, "traceback": tb,
+           "t_exit": t_exit, "steps_done": 3}
+    rd.rank_file(rank, "exit").write_text(json.dumps(rec))
+
+
+# The messages torch 2.13's gloo raised in the peer of a rank that died or skipped a collective
+# (captured from tests/autotune/test_failures.py runs).
+GLOO_PEER_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                    "peer [127.0.0.1]:5263. This is typically caused by a remote worker crashing. Check the logs of "
+                    "the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f")
+GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                "2000ms for recv operation to complete")
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+            "1.06 GiB is free. Including non-PyTorch memory, this process has 78.12 GiB memory in use.")
+# NCCL's watchdog logs this, then aborts the rank (SIGABRT) without an exit record.
+NCCL_WATCHDOG_LOG = """\
+[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.
+[rank0]:[E1218 20:27:21.427 ProcessGroupNCCL.cpp:2168] [PG ID 0 PG GUID 0(default_pg) Rank 0] First PG on this rank to signal dumping.
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group watchdog thread terminated with exception: [Rank 0] Watchdog caught collective operation timeout
+"""
+
+
+def test_the_new_statuses_are_run_statuses() -> None:
+    from torsh_tune.launch import RUN_STATUSES
+
+    assert {"oom", "collective_timeout", "pruned"} <= set(RUN_STATUSES)
+    out = RunOutcome(status="ok", returncode=1, warnings=("exit_abort: x",))
+    assert json.loads(json.dumps(out.to_dict()))["warnings"] == ["exit_abort: x"] and out.ok
+
+
+def test_oom_from_the_exit_record_beats_an_earlier_peer_lost_error(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(0, 1, other=(1, 1)))
+    # the peer recorded its "Connection closed by peer" first: it is still only the symptom
+    _write_error(rd, 0, t_exit=1.0, etype="RuntimeError", msg=GLOO_PEER_CLOSED)
+    _write_error(rd, 1, t_exit=2.0, etype="OutOfMemoryError", msg=CUDA_OOM)
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank) == ("oom", 1), out
+    assert out.message == f"OutOfMemoryError: {CUDA_OOM}"
+
+    for etype, msg in (
+        ("MemoryError", ""),
+        ("RuntimeError", "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                         "you tried to allocate 281474976710656 bytes. Error code 12 (Cannot allocate memory)"),
+        ("RuntimeError", "CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."),
+    ):
+        _write_error(rd, 1, t_exit=2.0, etype=etype, msg=msg)
+        assert classify_run(rd, world_size=2, returncode=1, duration_s=1.0).status == "oom", (etype, msg)
+
+
+def test_oom_as_the_cause_of_a_chained_exception_but_not_in_source_lines(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "t.py")
+    chained = (
+        "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n    loss = step(batch)\n"
+        f"torch.OutOfMemoryError: {CUDA_OOM}\n\nThe above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n  File \"train.py\", line 11, in <module>\n"
+        "    raise TrainingFailed('step 3') from exc\nTrainingFailed: step 3\n"
+    )
+    _write_error(rd, 1, t_exit=2.0, etype="TrainingFailed", msg="step 3", tb=chained)
+    assert classify_run(rd, world_size=2, returncode=1, duration_s=1.0).status == "oom"
+    # "MemoryError" in a frame's source line is code, not the exception
+    source_only = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+                   "    except (MemoryError, torch.OutOfMemoryError):\nValueError: bad batch\n")
+    _write_error(rd, 1, t_exit=2.0, etype="ValueError", msg="bad batch", tb=source_only)
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.message) == ("script_error", "ValueError: bad batch")
+
+
+def test_gloo_collective_timeout(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(0, 1, other=(1, -15)))
+    _write_error(rd, 0, t_exit=1.0, etype="RuntimeError", msg=GLOO_TIMEOUT)
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.message) == ("collective_timeout", 0, f"RuntimeError: {GLOO_TIMEOUT}")
+    assert out.ranks == {0: "error", 1: "terminated"}
+    # a peer that merely lost its connection is a script error (its peer's failure is unknown)
+    _write_error(rd, 0, t_exit=1.0, etype="RuntimeError", msg=GLOO_PEER_CLOSED)
+    assert classify_run(rd, world_size=2, returncode=1, duration_s=1.0).status == "script_error"
+
+
+def test_nccl_watchdog_abort_is_a_collective_timeout_and_sigkill_stays_a_signal(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(0, -6, other=(1, -6)))
+    rd.rank_log(0).write_text("step 1\n" + NCCL_WATCHDOG_LOG)
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.signal) == ("collective_timeout", 0, "SIGABRT"), out
+    assert out.message.startswith("rank 0 was killed by SIGABRT: [E1218")
+    assert "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE" in out.message
+    # an abort after an uncaught CUDA OOM in a C++ thread
+    rd.rank_log(0).write_text("terminate called after throwing an instance of 'c10::OutOfMemoryError'\n"
+                              f"  what():  {CUDA_OOM}\n")
+    assert classify_run(rd, world_size=2, returncode=1, duration_s=1.0).status == "oom"
+    # SIGKILL (the kernel's OOM killer among others) leaves no evidence to trust: a signal
+    (rd.logs / "launcher.log").write_text(_summary(0, -9, other=(1, -15)))
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.signal) == ("signal", "SIGKILL")
+
+
+def test_root_log_with_rank_prefixed_traceback(tmp_path: Path) -> None:
+    # No exit record (the exception came before the runtime could write one): the log tells.
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(1, 1, other=(0, -15)))
+    rd.rank_log(1).write_text(
+        "[rank1]: Traceback (most recent call last):\n[rank1]:   File \"train.py\", line 3, in <module>\n"
+        "[rank1]:     x = torch.empty(n)\n[rank1]: MemoryError: no room\n"
+    )
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.message) == ("oom", 1, "MemoryError: no room")
+
+
+def test_abort_at_exit_after_every_rank_finished_is_ok_with_a_warning(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(1, -6))
+    rd.rank_log(1).write_text("fail_modes: aborting at exit\n")
+    _write_exit(rd, 0, "budget", t_exit=1.0)
+    _write_exit(rd, 1, "budget", t_exit=1.0)
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert out.ok and out.status == "ok" and out.returncode == 1, out
+    assert out.warnings == (out.message,) and out.message.startswith("exit_abort: ")
+    assert "rank 1 was killed by SIGABRT at exit" in out.message and "measurement is valid" in out.message
+    assert out.ranks == {0: "budget", 1: "budget"} and out.failing_rank is None
+    assert out.stderr_tail == ("fail_modes: aborting at exit",)
+    # without torchrun's summary the return code is all there is
+    (rd.logs / "launcher.log").write_text("")
+    assert classify_run(rd, world_size=2, returncode=1, duration_s=1.0).warnings[0].startswith(
+        "exit_abort: every rank finished and wrote its exit record, then torchrun exited with status 1")
+    # a rank without its record may not have finished: a failure, which says what is known
+    rd.rank_file(0, "exit").unlink()
+    (rd.logs / "launcher.log").write_text(_summary(1, -6, other=(0, -15)))
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.signal) == ("signal", 1, "SIGABRT")
+    assert out.message == "rank 1 was killed by SIGABRT after recording a clean exit (budget), before every rank did"
+
+
+def test_a_root_that_recorded_its_own_error_died_of_it(tmp_path: Path) -> None:
+    # The rank raised (exit record written), then aborted while exiting: the error is the cause.
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(1, -6, other=(0, -15)))
+    _write_error(rd, 1, t_exit=1.0, etype="MemoryError", msg="no room")
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.message) == ("oom", 1, "MemoryError: no room")

@@ -8,22 +8,48 @@ Example:
     >>> result.best_speedup, result.best_ci  # doctest: +SKIP
 """
 
-from .objective import Measurement, Throughput, loss_by_step, loss_deviation, measure_run, throughput_of
+from .objective import (
+    Measurement,
+    Throughput,
+    loss_by_step,
+    loss_deviation,
+    measure_run,
+    per_step_throughput,
+    running_throughput,
+    throughput_of,
+    trial_constraints,
+)
+from .pruning import PRUNERS, StepRecordReader, TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
 from .space import BASELINE_PARAMS, Dimension, SearchSpace, build_space, load_space_file, parse_space
-from .study import SAMPLERS, BaselineStats, Confirmation, TrialResult, TuneResult, make_sampler, tune
+from .study import (
+    OBJECTIVES,
+    SAMPLERS,
+    BaselineStats,
+    Confirmation,
+    ParetoTrial,
+    TrialResult,
+    TuneResult,
+    make_sampler,
+    tune,
+)
 
 __all__ = [
     "BASELINE_PARAMS",
+    "OBJECTIVES",
+    "PRUNERS",
     "SAMPLERS",
     "BaselineStats",
     "Confirmation",
     "Dimension",
     "MeasuredRun",
     "Measurement",
+    "ParetoTrial",
     "SearchSpace",
+    "StepRecordReader",
     "Throughput",
+    "TrialPruning",
     "TrialResult",
     "TuneResult",
     "advisor_params",
@@ -32,10 +58,14 @@ __all__ = [
     "load_space_file",
     "loss_by_step",
     "loss_deviation",
+    "make_pruner",
     "make_sampler",
     "measure_run",
     "parse_space",
+    "per_step_throughput",
     "run_measured",
+    "running_throughput",
     "throughput_of",
+    "trial_constraints",
     "tune",
 ]

@@ -1,6 +1,8 @@
-"""What a trial is worth: steady-state throughput and the loss-trajectory quality guard.
+"""What a trial is worth: steady-state throughput, the loss-trajectory quality guard, the constraints.
 
 Pure (pandas + numpy): works on the step records of any run directory, recorded or live.
+`running_throughput` is what the pruner sees of a running trial: the median throughput
+over the measured steps so far, indexed by measured step, the same index in every trial.
 
 Example:
     >>> m = measure_run("tests/data/recorded/data_bound")  # doctest: +SKIP
@@ -17,7 +19,17 @@ import pandas as pd
 
 from ..analysis import load_run
 
-__all__ = ["Measurement", "Throughput", "loss_by_step", "loss_deviation", "measure_run", "throughput_of"]
+__all__ = [
+    "Measurement",
+    "Throughput",
+    "loss_by_step",
+    "loss_deviation",
+    "measure_run",
+    "per_step_throughput",
+    "running_throughput",
+    "throughput_of",
+    "trial_constraints",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +73,44 @@ class Measurement:
     warnings: tuple[str, ...] = ()
 
 
+def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None) -> pd.Series:
+    """Measured step -> global samples/s, in step order (warm-up steps left out).
+
+    Per step: samples summed over the ranks / the slowest rank's `step_s`.
+
+    Args:
+        steps: Step records (columns step, step_s, samples, warmup).
+        num_ranks: When given, only steps recorded by this many ranks (a live run's
+            steps that every rank has finished).
+    """
+    if steps.empty:
+        return pd.Series(dtype=float)
+    kept = steps[~steps["warmup"].fillna(False).astype(bool)]
+    if kept.empty:
+        return pd.Series(dtype=float)
+    by_step = kept.groupby("step")
+    step_s = by_step["step_s"].max().astype(float)
+    samples = by_step["samples"].sum().astype(float)
+    ok = step_s > 0
+    if num_ranks is not None:
+        ranks = by_step["rank"].nunique() if "rank" in kept.columns else by_step.size()
+        ok &= ranks >= num_ranks
+    return (samples[ok] / step_s[ok]).sort_index()
+
+
+def running_throughput(steps: pd.DataFrame, *, num_ranks: int) -> pd.Series:
+    """Measured-step index (0, 1, ...) -> median throughput over the measured steps up to it.
+
+    The intermediate values a trial reports to the pruner. Only steps every rank recorded
+    count (ranks append in step order, so they form a prefix), hence the value at an index
+    is the same whether computed while the run is alive or from its final records, and
+    the index means the same in every trial of a study (same warm-up, same budget).
+    """
+    per_step = per_step_throughput(steps, num_ranks=num_ranks)
+    running = per_step.reset_index(drop=True).expanding().median()
+    return running.astype(float)
+
+
 def throughput_of(steps: pd.DataFrame) -> Throughput | None:
     """Throughput statistics of step records (the `warmup` column marks steps left out).
 
@@ -68,16 +118,7 @@ def throughput_of(steps: pd.DataFrame) -> Throughput | None:
         None without any measured step (all-warm-up runs are not used: a tuner must not
         rank configurations by their warm-up).
     """
-    if steps.empty:
-        return None
-    kept = steps[~steps["warmup"].fillna(False).astype(bool)]
-    if kept.empty:
-        return None
-    by_step = kept.groupby("step")
-    step_s = by_step["step_s"].max().astype(float)
-    samples = by_step["samples"].sum().astype(float)
-    ok = step_s > 0
-    per_step = (samples[ok] / step_s[ok]).to_numpy()
+    per_step = per_step_throughput(steps).to_numpy()
     if per_step.size == 0:
         return None
     q25, med, q75 = np.quantile(per_step, [0.25, 0.5, 0.75])
@@ -115,6 +156,32 @@ def loss_deviation(trial_loss: pd.Series, baseline_loss: pd.Series) -> float | N
     if base == 0 or not np.isfinite(base):
         return None
     return abs(float(trial_loss.loc[common].mean()) - base) / abs(base)
+
+
+def trial_constraints(
+    *,
+    loss_deviation: float | None,
+    lossy: bool,
+    loss_tolerance: float,
+    peak_mem_bytes: int | None = None,
+    max_peak_mem_bytes: int | None = None,
+) -> dict[str, float]:
+    """Constraint name -> value as told to Optuna (`trial.set_constraint`): <= 0 is feasible.
+
+    - "loss_deviation": `loss_deviation - loss_tolerance`. Without a comparable loss a
+      lossy choice (compression) cannot be shown to be harmless: 1.0 (violated); a
+      lossless one: 0.0.
+    - "peak_mem": `peak_mem_bytes / max_peak_mem_bytes - 1`, only with a limit and a
+      recorded peak.
+    """
+    out: dict[str, float] = {}
+    if loss_deviation is None:
+        out["loss_deviation"] = 1.0 if lossy else 0.0
+    else:
+        out["loss_deviation"] = loss_deviation - loss_tolerance
+    if max_peak_mem_bytes is not None and peak_mem_bytes is not None:
+        out["peak_mem"] = peak_mem_bytes / max_peak_mem_bytes - 1.0
+    return out
 
 
 def measure_run(run_dir: str | os.PathLike[str]) -> Measurement:

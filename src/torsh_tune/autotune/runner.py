@@ -5,6 +5,7 @@ variables once per process, and a fresh process group is the only honest measure
 `launch_run` never raises for a failed run; its outcome decides the state:
 
 - `ok` with measured steps -> "COMPLETE" with the throughput;
+- `pruned` (the `should_prune` hook stopped it) -> "PRUNED" with the hook's reason;
 - `ok` without measured steps, or any other status (script_error, signal, timeout, hang,
   config_error, launch_error) -> "FAIL" with the reason and the last stderr lines.
   A failed run is never scored as zero throughput: that would teach the sampler that
@@ -34,13 +35,14 @@ class MeasuredRun:
     """A finished launch and what was measured from it.
 
     Attributes:
-        state: "COMPLETE" or "FAIL".
+        state: "COMPLETE", "FAIL" or "PRUNED".
         run_dir: The run directory.
         status: The launch outcome's status (`RUN_STATUSES`), or "config_error" when the
             configuration was rejected before launch.
-        failure_reason: One line, empty when COMPLETE.
+        failure_reason: One line, empty when COMPLETE (for PRUNED: why it was pruned).
         stderr_tail: Last lines of the failing rank's log.
-        measurement: None when nothing could be read (or the config was rejected).
+        measurement: None when nothing could be read (or the config was rejected);
+            for PRUNED, the steps recorded before the stop.
         duration_s: Wall time of the launch.
     """
 
@@ -80,15 +82,29 @@ def run_measured(
     *,
     echo: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    should_prune: Callable[[Progress], str | None] | None = None,
 ) -> MeasuredRun:
     """Launch `script` with `config` into `run_dir`, classify the end, read the measurement.
+
+    `on_progress` and `should_prune` are handed to `launch_run` (a reason returned by
+    `should_prune` stops the run: state "PRUNED").
 
     Raises:
         ConfigError: Only for a missing script (a user mistake, not a trial failure).
     """
     outcome: RunOutcome = launch_run(
-        config, run_dir, script, list(script_args), echo=echo or (lambda line: None), on_progress=on_progress
+        config, run_dir, script, list(script_args), echo=echo or (lambda line: None), on_progress=on_progress,
+        should_prune=should_prune,
     )
+    if outcome.status == "pruned":
+        return MeasuredRun(
+            state="PRUNED",
+            run_dir=str(run_dir.path),
+            status=outcome.status,
+            failure_reason=outcome.message,
+            measurement=measure_run(run_dir.path),
+            duration_s=outcome.duration_s,
+        )
     if not outcome.ok:
         reason = f"{outcome.status}: {outcome.message}" if outcome.message else outcome.status
         if outcome.failing_rank is not None and f"rank {outcome.failing_rank}" not in reason:

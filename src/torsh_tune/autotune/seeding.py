@@ -29,7 +29,6 @@ from .space import BASELINE_PARAMS, SearchSpace
 __all__ = ["advisor_params"]
 
 # The strategy kinds a zero-code trial can run (the others need torsh_tune.parallelize).
-_ZERO_CODE_KINDS = ("ddp",)
 
 
 def advisor_params(
@@ -63,16 +62,21 @@ def advisor_params(
     for row in candidates:
         rank, name = int(row.get("rank", len(out) + 1)), str(row.get("name", "?"))
         patch = row.get("config_patch") or {}
-        kind = (patch.get("strategy") or {}).get("kind", "ddp")
-        if kind not in _ZERO_CODE_KINDS:
+        kind = (patch.get("strategy") or {}).get("kind", space.base_kind)
+        kind_dim = space.dims.get("strategy.kind")
+        if kind_dim is not None and kind_dim.contains(kind):
+            wanted_kind = {} if kind_dim.fixed else {"strategy.kind": kind}
+        elif kind != space.base_kind:
             notes.append(f"#{rank} {name}: strategy kind {kind!r} needs torsh_tune.parallelize (API mode), "
                          "not a zero-code trial")
             continue
+        else:
+            wanted_kind = {}
         wanted, dropped, problem = _translate(patch, space)
         if problem:
             notes.append(f"#{rank} {name}: {problem}")
             continue
-        params = _complete(space, {**space.baseline_params(), **wanted})
+        params = _complete(space, {**space.baseline_params(), **wanted_kind, **wanted})
         key = _key(params)
         if key in seen:
             extra = f" without {', '.join(dropped)} (not in the search space)" if dropped else ""

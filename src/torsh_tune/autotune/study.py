@@ -3,10 +3,17 @@
     baseline x R  ->  noise = (max - min) / median of the R baseline throughputs
     trial 0 = PyTorch defaults (enqueued), then `initial_params` and the strategy advisor's
               zero-code candidates for the baseline run (enqueued), then the sampler's
-              trials, each a fresh launch
+              trials, each a fresh launch; a running trial reports its running median
+              throughput per measured step and the pruner (`pruning.py`, opt-in) may stop it
     confirmation: top K feasible trials, each against the baseline interleaved A B A B ...
                   paired speedup = median of per-pair ratios, bootstrap 95 % CI
     best.toml     the confirmed best (or the baseline when nothing was confirmed)
+
+Objectives: throughput alone (maximise), or throughput and loss (`objectives=("throughput",
+"loss")`: maximise throughput, minimise the relative loss deviation from the baseline, the
+number the loss constraint also uses). With two objectives the study's best is a Pareto front
+(`TuneResult.pareto`), its fastest feasible members are confirmed, and there is no pruning
+(Optuna cannot prune multi-objective studies).
 
 A candidate is called better only when its CI lower bound is above 1 *and* its paired
 speedup exceeds the baseline noise; no speedup is reported that the confirmation did not
@@ -37,19 +44,37 @@ import pandas as pd
 
 from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
-from ..rundir import write_json_atomic, write_text_atomic
-from .objective import loss_deviation
+from ..rundir import RunDir, write_json_atomic, write_text_atomic
+from .objective import loss_deviation, trial_constraints
+from .pruning import PRUNERS, TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
 from .space import SearchSpace, build_space
 
-__all__ = ["SAMPLERS", "BaselineStats", "Confirmation", "TrialResult", "TuneResult", "make_sampler", "tune"]
+__all__ = [
+    "OBJECTIVES",
+    "SAMPLERS",
+    "BaselineStats",
+    "Confirmation",
+    "ParetoTrial",
+    "TrialResult",
+    "TuneResult",
+    "make_sampler",
+    "tune",
+]
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
+
+#: Objective name -> Optuna direction. "throughput": median steady-state samples/s;
+#: "loss": relative deviation of the mean loss from the baseline's over their common steps.
+OBJECTIVES = {"throughput": "maximize", "loss": "minimize"}
 
 _log = logging.getLogger(__name__)
 
 _DEFAULT_STEPS = 20
+_DEFAULT_PRUNER_PERCENTILE = 25.0
+_DEFAULT_PRUNER_WARMUP_STEPS = 3
+_DEFAULT_PRUNER_STARTUP_TRIALS = 5
 _BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -60,17 +85,22 @@ class TrialResult:
     Attributes:
         number: Optuna trial number (0 is PyTorch's defaults).
         params: Every dimension's value, fixed ones included.
-        state: Optuna state name: COMPLETE, FAIL, RUNNING, ...
+        state: Optuna state name: COMPLETE, FAIL, PRUNED, RUNNING, ...
         samples_s: Median steady-state throughput (the objective), None unless COMPLETE.
         iqr_samples_s: Spread of the per-step throughput within the run.
-        loss_deviation: Relative deviation of the mean loss from the baseline's.
-        constraint_status: "feasible", "violated", or "" (not evaluated: failed trial).
+        loss_deviation: Relative deviation of the mean loss from the baseline's (the
+            second objective of a throughput+loss study).
+        constraint_status: "feasible", "violated", or "" (not evaluated: failed or pruned trial).
         constraints: Constraint name -> value (<= 0 is feasible), as told to Optuna.
-        failure_reason: One line for a FAIL.
+        failure_reason: One line for a FAIL, or why a PRUNED trial was pruned
+            ("pruned at step N: X samples/s vs median Y (K completed trials)").
         stderr_tail: Last log lines of the failing rank.
         run_dir: The trial's run directory.
         role: Why the trial was enqueued: "pytorch-defaults", "initial", "advisor" (the
             strategy advisor's candidate), or "" for the sampler's.
+        peak_mem_bytes: Largest peak memory of any rank (RSS on CPU), None unless measured.
+        intermediate_samples_s: Measured-step index -> running median throughput, as
+            reported to the pruner (single-objective studies).
     """
 
     number: int
@@ -85,6 +115,23 @@ class TrialResult:
     stderr_tail: tuple[str, ...] = ()
     run_dir: str = ""
     role: str = ""
+    peak_mem_bytes: int | None = None
+    intermediate_samples_s: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParetoTrial:
+    """A trial on the Pareto front of a multi-objective study (feasible trials only).
+
+    Attributes:
+        number: Its trial number.
+        params: Its parameters.
+        values: Objective name -> value ("throughput": samples/s, "loss": relative deviation).
+    """
+
+    number: int
+    params: dict[str, Any]
+    values: dict[str, float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +198,8 @@ class TuneResult:
         best_config: The config written to best.toml (the base config when nothing won).
         interrupted: The study was stopped by Ctrl-C/SIGTERM during a run.
         files: Name -> path of best.toml, trials.csv, trials.parquet, result.json.
+        objectives: The study's objectives, e.g. ("throughput",) or ("throughput", "loss").
+        pareto: The Pareto front, fastest first (multi-objective studies; empty otherwise).
     """
 
     study_name: str
@@ -166,6 +215,8 @@ class TuneResult:
     best_config: RunConfig
     interrupted: bool = False
     files: dict[str, str] = field(default_factory=dict)
+    objectives: tuple[str, ...] = ("throughput",)
+    pareto: tuple[ParetoTrial, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -237,6 +288,12 @@ def tune(
     cuda: bool = False,
     cpu_count: int | None = None,
     initial_params: Sequence[Mapping[str, Any]] = (),
+    space_options: Mapping[str, Any] | None = None,
+    objectives: Sequence[str] = ("throughput",),
+    pruner: str = "none",
+    pruner_percentile: float | None = None,
+    pruner_warmup_steps: int | None = None,
+    pruner_startup_trials: int | None = None,
     echo: Callable[[str], None] | None = None,
     on_trial: Callable[[TrialResult], None] | None = None,
     on_run: Callable[[str, MeasuredRun], None] | None = None,
@@ -266,7 +323,8 @@ def tune(
         trial_timeout_s: Wall-clock limit of one run (default: the base config's).
         timeout_s: No new run starts after this many seconds of the study.
         loss_tolerance: Largest relative deviation of the mean loss from the baseline's.
-        max_peak_mem_bytes: When set, a trial whose peak memory exceeds it violates a constraint.
+        max_peak_mem_bytes: When set, a trial whose peak memory (any rank; RSS on CPU)
+            exceeds it violates a constraint.
         space_spec: Dimension overrides (`space.parse_space` / `space.load_space_file`).
         include_compression: Search gradient compression.
         cuda: The ranks use CUDA (offers pin_memory).
@@ -274,6 +332,20 @@ def tune(
         initial_params: Further parameter sets enqueued after trial 0. The strategy
             advisor's candidates for the baseline run that the space can express follow
             them (user attrs role "advisor" and advisor_rank; see `seeding.advisor_params`).
+        objectives: ("throughput",) (default) or ("throughput", "loss"): also minimise the
+            relative loss deviation from the baseline; the result then has a Pareto front,
+            whose fastest feasible members are confirmed. The loss constraint stays.
+        pruner: "none" (default), "median" or "percentile": stop a trial whose running
+            median throughput falls behind the completed trials' at the same measured step
+            (single objective only). Baseline and confirmation runs are never pruned.
+        pruner_percentile: For "percentile": the share (%) of trials kept, 0-100 exclusive
+            (default 25: a trial below the completed trials' 75th percentile is pruned).
+        pruner_warmup_steps: Measured steps a trial reports before it may be pruned
+            (default 3, at most `steps` - 1).
+        pruner_startup_trials: Completed trials before any pruning (default 5).
+        space_options: Further `build_space` keyword arguments from the CLI: `api_mode` (the
+            script calls torsh_tune.parallelize: search the strategy kind) and
+            `allow_batch_changes` (search gradient accumulation).
         echo: Receives the ranks' output lines (default: discarded).
         on_trial: Called with each finished optimisation trial.
         on_run: Called with ("baseline" | "confirm-A" | "confirm-B", run) for the other runs.
@@ -282,7 +354,8 @@ def tune(
         The TuneResult (also written to STUDY_DIR/result.json).
 
     Raises:
-        ConfigError: Invalid arguments, space or sampler.
+        ConfigError: Invalid arguments, space, sampler or pruner; objectives that differ
+            from a resumed study's; the loss objective without a baseline loss.
         TrialError: No baseline run succeeded (the script fails under the base config).
     """
     import optuna
@@ -298,13 +371,22 @@ def tune(
         raise invalid("confirm_pairs", "an integer >= 1", confirm_pairs)
     if not loss_tolerance > 0:
         raise invalid("loss_tolerance", "a number > 0", loss_tolerance)
+    if max_peak_mem_bytes is not None and (isinstance(max_peak_mem_bytes, bool)
+                                           or not isinstance(max_peak_mem_bytes, int) or max_peak_mem_bytes <= 0):
+        raise invalid("max_peak_mem_bytes", "an integer > 0", max_peak_mem_bytes)
+    objectives = tuple(objectives)
+    if objectives not in (("throughput",), ("throughput", "loss")):
+        raise invalid("objectives", "('throughput',) or ('throughput', 'loss')", objectives)
     if not Path(script).is_file():
         raise invalid("script", "an existing file", str(script))
     optuna_sampler = make_sampler(sampler, seed=seed)
+    run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
+    optuna_pruner, prune_percentile = _pruner(
+        pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=pruner_percentile,
+        warmup_steps=pruner_warmup_steps, startup_trials=pruner_startup_trials)
     root = Path(study_dir)
     root.mkdir(parents=True, exist_ok=True)
     storage_url, storage_obj = _storage_of(storage, root)
-    run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
     t_start = time.monotonic()
     interrupted = False
 
@@ -313,13 +395,31 @@ def tune(
         study_name=study_name,
         storage=storage_obj if storage_obj is not None else storage_url,
         sampler=optuna_sampler,
-        direction="maximize",
+        pruner=optuna_pruner,
+        directions=[OBJECTIVES[o] for o in objectives],
         load_if_exists=True,
     )
+    # An existing study keeps its directions whatever was asked: refuse a mismatch.
+    if [d.name.lower() for d in study.directions] != [OBJECTIVES[o] for o in objectives]:
+        stored_objectives = tuple(study.user_attrs.get("objectives", ("throughput",)))
+        raise invalid("objectives", f"the resumed study's {stored_objectives}", objectives)
+    study.set_user_attr("objectives", list(objectives))
     _fail_stale_trials(study)
+    _stop_stale_runs(root)
+    multi = len(objectives) > 1
+    # On several nodes only this node's ranks may write into the run directory.
+    num_ranks = run_config.world_size if run_config.launch.nnodes == 1 else run_config.launch.nproc_per_node
 
-    def launch(config: RunConfig, where: str, name: str) -> MeasuredRun:
-        return run_measured(config, fresh_run_dir(root / where, name), script, script_args, echo=echo)
+    def launch(config: RunConfig, where: str, name: str, *, trial=None) -> MeasuredRun:
+        """One run; an optimisation trial's (single objective) reports to the pruner."""
+        run_dir = fresh_run_dir(root / where, name)
+        watch = None
+        if trial is not None and not multi:
+            watch = TrialPruning(trial, run_dir.path, num_ranks=num_ranks, percentile=prune_percentile)
+        run = run_measured(config, run_dir, script, script_args, echo=echo, should_prune=watch)
+        if watch is not None and run.state == "COMPLETE":
+            watch.finish()  # every index, so later trials are compared at any step
+        return run
 
     # -- baseline ------------------------------------------------------------------------
     stored = study.user_attrs.get("baseline")
@@ -334,6 +434,8 @@ def tune(
                 interrupted = True
                 break
         good = [r for r in runs if r.state == "COMPLETE"]
+        if interrupted and not good:
+            raise KeyboardInterrupt  # Ctrl-C before anything was measured: nothing to tune against
         if not good:
             first = runs[0]
             raise TrialError(
@@ -350,6 +452,9 @@ def tune(
         study.set_user_attr("baseline", stored)
     baseline = _baseline_stats(stored)
     baseline_loss = pd.Series({int(k): v for k, v in stored["loss"].items()}, dtype=float)
+    if "loss" in objectives and baseline_loss.empty:
+        raise invalid("objectives", "('throughput',) when the baseline records no loss "
+                      "(its script must call backward on a scalar loss)", objectives)
 
     space = build_space(
         nproc_per_node=base_config.launch.nproc_per_node,
@@ -358,6 +463,8 @@ def tune(
         baseline_num_microbatches=baseline.max_microbatches,
         include_compression=include_compression,
         spec=space_spec,
+        base=base_config,
+        **dict(space_options or {}),
     )
     _seed_study(study, space, stored["run_dirs"], initial_params)
 
@@ -371,7 +478,7 @@ def tune(
             break
         trial = study.ask()
         try:
-            interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss,
+            interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss, objectives=objectives,
                                      loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes)
         except KeyboardInterrupt:
             # Ctrl-C between runs (during a run the supervisor turns it into "interrupted"):
@@ -382,6 +489,7 @@ def tune(
         _report(study, trial.number, on_trial)
 
     trials = tuple(_trial_result(t) for t in study.get_trials(deepcopy=False))
+    pareto = _pareto(study, objectives) if multi else ()
 
     # -- confirmation --------------------------------------------------------------------
     confirmations: list[Confirmation] = []
@@ -390,7 +498,10 @@ def tune(
         base_dict = run_config.to_dict()
         seen: set[str] = set()
         candidates = []
-        for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"),
+        # Multi-objective: only the Pareto front (feasible by construction), fastest first.
+        on_front = {p.number for p in pareto}
+        for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"
+                         and (not multi or t.number in on_front)),
                         key=lambda t: -(t.samples_s or 0.0)):
             key = json.dumps(t.params, sort_keys=True)
             # The baseline against itself confirms nothing.
@@ -443,6 +554,8 @@ def tune(
         best_config=best_config,
         interrupted=interrupted,
         files={name: str(root / name) for name in ("best.toml", "trials.csv", "trials.parquet", "result.json")},
+        objectives=objectives,
+        pareto=pareto,
     )
     write_text_atomic(root / "best.toml", dump_toml(best_config))
     _write_trials_csv(root / "trials.csv", trials)
@@ -498,8 +611,36 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
         _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
 
 
+def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
+            warmup_steps: int | None, startup_trials: int | None):
+    """The study's Optuna pruner and the percentile it keeps (for the pruning reason)."""
+    if name not in PRUNERS:
+        raise invalid("pruner", f"one of {list(PRUNERS)}", name)
+    if name != "none" and len(objectives) > 1:
+        raise invalid("pruner", "'none' with several objectives (Optuna cannot prune a multi-objective study)",
+                      name)
+    if name == "none":
+        unused = [k for k, v in (("pruner_percentile", percentile), ("pruner_warmup_steps", warmup_steps),
+                                 ("pruner_startup_trials", startup_trials)) if v is not None]
+        if unused:
+            _log.warning("%s has no effect without a pruner (pruner='none')", ", ".join(unused))
+    elif name == "median" and percentile is not None:
+        _log.warning("pruner_percentile has no effect with the median pruner")
+    if warmup_steps is None:
+        warmup_steps = min(_DEFAULT_PRUNER_WARMUP_STEPS, max(measured_steps - 1, 0))
+    elif name != "none" and isinstance(warmup_steps, int) and warmup_steps >= measured_steps:
+        raise invalid("pruner_warmup_steps", f"< the measured steps per run ({measured_steps}) to ever prune",
+                      warmup_steps)
+    if percentile is None:
+        percentile = _DEFAULT_PRUNER_PERCENTILE
+    optuna_pruner = make_pruner(
+        name, percentile=percentile, warmup_steps=warmup_steps,
+        startup_trials=_DEFAULT_PRUNER_STARTUP_TRIALS if startup_trials is None else startup_trials)
+    return optuna_pruner, (float(percentile) if name == "percentile" else 50.0)
+
+
 def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series, *,
-               loss_tolerance: float, max_peak_mem_bytes: int | None) -> bool:
+               objectives: tuple[str, ...], loss_tolerance: float, max_peak_mem_bytes: int | None) -> bool:
     """Suggest, launch, measure and tell one trial; True when the run was interrupted."""
     from optuna.trial import TrialState
 
@@ -512,9 +653,13 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
         trial.set_user_attr("failure_reason", f"config_error: {exc}")
         study.tell(trial, state=TrialState.FAIL)
         return False
-    run = launch(config, "trials", f"{trial.number:04d}")
+    run = launch(config, "trials", f"{trial.number:04d}", trial=trial)
     trial.set_user_attr("run_dir", run.run_dir)
     trial.set_user_attr("status", run.status)
+    if run.state == "PRUNED":
+        trial.set_user_attr("failure_reason", run.failure_reason)
+        study.tell(trial, state=TrialState.PRUNED)
+        return False
     if run.state != "COMPLETE":
         trial.set_user_attr("failure_reason", run.failure_reason)
         trial.set_user_attr("stderr_tail", list(run.stderr_tail))
@@ -526,15 +671,18 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
     dev = loss_deviation(m.loss, baseline_loss)
     trial.set_user_attr("loss_deviation", dev)
     if dev is None:
-        # Without a comparable loss a lossy choice cannot be shown to be harmless.
-        lossy = params.get("compression.method", "none") != "none"
-        trial.set_constraint("loss_deviation", 1.0 if lossy else 0.0)
         trial.set_user_attr("loss_check", "unavailable")
-    else:
-        trial.set_constraint("loss_deviation", dev - loss_tolerance)
-    if max_peak_mem_bytes is not None and m.peak_mem_bytes is not None:
-        trial.set_constraint("peak_mem", m.peak_mem_bytes / max_peak_mem_bytes - 1.0)
-    study.tell(trial, run.samples_s)
+        if "loss" in objectives:
+            trial.set_user_attr("failure_reason", "no_loss: the trial read no loss at the baseline's loss steps")
+            study.tell(trial, state=TrialState.FAIL)
+            return False
+    constraints = trial_constraints(
+        loss_deviation=dev, lossy=params.get("compression.method", "none") != "none", loss_tolerance=loss_tolerance,
+        peak_mem_bytes=m.peak_mem_bytes, max_peak_mem_bytes=max_peak_mem_bytes)
+    for name, value in constraints.items():
+        trial.set_constraint(name, value)
+    values = {"throughput": run.samples_s, "loss": dev}
+    study.tell(trial, [values[o] for o in objectives])
     return False
 
 
@@ -563,6 +711,28 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
     )
 
 
+def _stop_stale_runs(root: Path) -> None:
+    """Runs a killed tuner left behind (run.json still "running"): end their processes and record the stop.
+
+    Same assumption as `_fail_stale_trials`: no other live tuner works in this study directory.
+    """
+    from ..launch import classify_run, finish_run_info, kill_run_processes, read_run_info
+
+    for run_json in sorted(root.glob("*/*/run.json")):
+        run_dir = RunDir(run_json.parent)
+        try:
+            info = read_run_info(run_dir)
+        except (OSError, ValueError):
+            continue
+        if info.get("status") != "running":
+            continue
+        if info.get("run_id"):
+            kill_run_processes(str(info["run_id"]), grace_s=2.0)
+        finish_run_info(run_dir, classify_run(
+            run_dir, world_size=int(info.get("world_size") or 1), returncode=None, duration_s=0.0,
+            stopped="interrupted", stop_message="the tuner stopped while supervising this run (found on resume)"))
+
+
 def _fail_stale_trials(study) -> None:
     """Trials left RUNNING by a tuner that was killed become FAIL with a reason.
 
@@ -581,8 +751,9 @@ def _fail_stale_trials(study) -> None:
 
 def _trial_result(t) -> TrialResult:
     ua = t.user_attrs
-    constraints = dict(t.constraints) if t.state.name == "COMPLETE" else {}
-    if t.state.name != "COMPLETE":
+    complete = t.state.name == "COMPLETE"
+    constraints = dict(t.constraints) if complete else {}
+    if not complete:
         status = ""
     else:
         status = "feasible" if all(v <= 0 for v in constraints.values()) else "violated"
@@ -590,7 +761,7 @@ def _trial_result(t) -> TrialResult:
         number=t.number,
         params=dict(ua.get("config_params", t.params)),
         state=t.state.name,
-        samples_s=t.value if t.state.name == "COMPLETE" else None,
+        samples_s=t.values[0] if complete else None,  # throughput is always the first objective
         iqr_samples_s=ua.get("iqr_samples_s"),
         loss_deviation=ua.get("loss_deviation"),
         constraint_status=status,
@@ -599,7 +770,16 @@ def _trial_result(t) -> TrialResult:
         stderr_tail=tuple(ua.get("stderr_tail", ())),
         run_dir=ua.get("run_dir", ""),
         role=str(ua.get("role", "")),
+        peak_mem_bytes=ua.get("peak_mem_bytes"),
+        intermediate_samples_s={int(k): float(v) for k, v in sorted(t.intermediate_values.items())},
     )
+
+
+def _pareto(study, objectives: tuple[str, ...]) -> tuple[ParetoTrial, ...]:
+    """The study's Pareto front (Optuna keeps only feasible trials when constraints are set), fastest first."""
+    front = sorted(study.best_trials, key=lambda t: (-t.values[0], t.number))
+    return tuple(ParetoTrial(number=t.number, params=dict(t.user_attrs.get("config_params", t.params)),
+                             values={o: float(v) for o, v in zip(objectives, t.values)}) for t in front)
 
 
 def _report(study, number: int, on_trial: Callable[[TrialResult], None] | None) -> None:

@@ -4,6 +4,24 @@ Evidence, strongest first: the supervisor's own decision to stop the run (timeou
 interrupt); the ranks' `exit.json` records (written by the runtime); torchrun's failure
 summary ("Root Cause (first observed failure)") in logs/launcher.log, which names the
 global rank and its exit code or signal; torchrun's return code; the rank logs.
+
+A failing rank's exception (its exit record, else its log) refines a failure:
+
+- `oom`: `MemoryError`, `torch.OutOfMemoryError` ("CUDA out of memory. Tried to allocate
+  ..."), "CUDA error: out of memory", NCCL's "Cuda failure 'out of memory'", the CPU
+  allocator's "DefaultCPUAllocator: can't allocate memory". A rank SIGKILLed by the
+  kernel's OOM killer leaves no such trace: it is a `signal`.
+- `collective_timeout`: gloo's "Timed out waiting 2000ms for recv operation to complete"
+  (a peer never entered the collective within `strategy.distributed.timeout_s`) and
+  NCCL's "Watchdog caught collective operation timeout" (the watchdog then aborts the
+  rank with SIGABRT, so it is looked for in the log of a signalled rank too).
+
+A peer's "Connection closed by peer" / "Connection reset by peer" (gloo) only says that
+another rank went away: another rank's own error is preferred as the cause.
+
+Every rank wrote a clean exit record (ok/budget) but torchrun still reports a failure:
+that is the abort at interpreter exit seen on about one gloo run in eight, after the work
+was done. The measurement is valid, so the run is `ok` with an `exit_abort` warning.
 """
 
 from __future__ import annotations
@@ -24,14 +42,42 @@ RUN_STATUSES = (
     "ok",
     "config_error",
     "script_error",
+    "oom",
+    "collective_timeout",
     "signal",
     "timeout",
     "hang",
+    "pruned",
     "interrupted",
     "launch_error",
 )
 
 _TAIL_LINES = 20
+#: How far back a signalled rank's log is searched for an OOM or watchdog message.
+_SCAN_LINES = 200
+_DONE = ("ok", "budget")
+
+# Out of memory as PyTorch, the CUDA runtime, NCCL and the CPU allocator word it.
+_OOM_TYPES = frozenset({"MemoryError", "OutOfMemoryError"})
+_OOM_RE = re.compile(
+    r"\b(?:CUDA|HIP|XPU|MPS backend) out of memory"
+    r"|CUDA error: out of memory"
+    r"|Cuda failure '?out of memory"
+    r"|DefaultCPUAllocator: can't allocate memory"
+    r"|(?:^|[\s.:'])(?:OutOfMemoryError|MemoryError)\b"
+)
+# A collective that did not complete in time: gloo (transport/tcp/unbound_buffer.cc) and
+# NCCL's watchdog (ProcessGroupNCCL.cpp).
+_COLLECTIVE_TIMEOUT_RE = re.compile(
+    r"Timed out waiting \d+ ?ms for (?:recv|send) operation"
+    r"|Watchdog caught collective operation timeout"
+)
+# A rank whose peer went away: the symptom of another rank's failure, not a cause.
+_PEER_LOST_RE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote process exited or there was a network error"
+)
+# torch prefixes the lines of an uncaught exception in a distributed rank with "[rankN]: ".
+_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]:\s?")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +95,8 @@ class RunOutcome:
         ranks: Global rank -> how that rank ended: an exit.json status (ok, budget, error,
             config_error), or "signal", "terminated" (stopped by torchrun after another
             rank failed), "stopped" (stopped by the supervisor), "unknown".
+        warnings: Problems that do not make the run a failure, each "kind: explanation"
+            (e.g. "exit_abort: ..." for an abort after every rank finished).
     """
 
     status: str
@@ -59,6 +107,7 @@ class RunOutcome:
     duration_s: float = 0.0
     signal: str | None = None
     ranks: dict[int, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.status in RUN_STATUSES, self.status
@@ -71,6 +120,7 @@ class RunOutcome:
         """JSON-ready dict (rank keys become strings in JSON, as any JSON object key does)."""
         d = asdict(self)
         d["stderr_tail"] = list(self.stderr_tail)
+        d["warnings"] = list(self.warnings)
         d["ranks"] = {str(k): v for k, v in sorted(self.ranks.items())}
         return d
 
@@ -173,6 +223,7 @@ def _tail(path: Path, n: int = _TAIL_LINES) -> tuple[str, ...]:
 
 def _last_exception_line(lines: list[str] | tuple[str, ...]) -> str:
     """The "Type: message" line closing the last Python traceback in a log, or ""."""
+    lines = [_RANK_PREFIX_RE.sub("", line) for line in lines]
     start = None
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
@@ -186,9 +237,43 @@ def _last_exception_line(lines: list[str] | tuple[str, ...]) -> str:
     return ""
 
 
+def _exception_lines(text: str) -> list[str]:
+    """The unindented lines of a traceback or log (rank prefixes removed).
+
+    In a traceback those are each chained exception's "Type: message"; the frames' source
+    lines are indented, so `raise MemoryError(...)` in a frame does not count.
+    """
+    out = []
+    for line in text.splitlines():
+        line = _RANK_PREFIX_RE.sub("", line)
+        if line and not line[0].isspace() and not line.startswith(
+            ("Traceback (most recent call last)", "During handling of", "The above exception")
+        ):
+            out.append(line)
+    return out
+
+
 def _error_message(rec: dict[str, Any]) -> str:
     etype, msg = rec.get("error_type") or "", rec.get("message") or ""
     return f"{etype}: {msg}" if etype and msg else (etype or msg)
+
+
+def _failure_kind(texts: list[str] | tuple[str, ...], error_type: str = "") -> str:
+    """"oom", "collective_timeout" or "script_error" for a failing rank's exception text."""
+    if error_type in _OOM_TYPES or any(_OOM_RE.search(t) for t in texts):
+        return "oom"
+    if any(_COLLECTIVE_TIMEOUT_RE.search(t) for t in texts):
+        return "collective_timeout"
+    return "script_error"
+
+
+def _record_kind(rec: dict[str, Any]) -> str:
+    texts = [_error_message(rec), *_exception_lines(str(rec.get("traceback") or ""))]
+    return _failure_kind(texts, str(rec.get("error_type") or ""))
+
+
+def _peer_lost(rec: dict[str, Any]) -> bool:
+    return bool(_PEER_LOST_RE.search(_error_message(rec)))
 
 
 def classify_run(
@@ -209,7 +294,8 @@ def classify_run(
         world_size: Expected number of ranks (all are listed in `ranks`).
         returncode: torchrun's exit status, None if it never started.
         duration_s: Wall time of the run.
-        stopped: "timeout", "hang" or "interrupted" when the supervisor stopped the run.
+        stopped: "timeout", "hang", "pruned" (the autotuner's pruner) or "interrupted" when
+            the supervisor stopped the run.
         stop_message: Why it was stopped, for the user.
         launch_failure: Why the process could not be started (e.g. executable not found).
         saw_rank_output: Whether any rank printed anything (distinguishes a launcher that
@@ -253,6 +339,23 @@ def classify_run(
             status=stopped, message=stop_message, stderr_tail=_tail(run_dir.rank_log(0)), ranks=ranks, **common
         )
 
+    # Every rank finished its work and said so, yet torchrun reports a failure: an abort at
+    # interpreter exit (about one gloo run in eight). The records were written after the
+    # last step, so the measurement stands.
+    if returncode != 0 and returncode is not None and all(
+        str(exits.get(r, {}).get("status")) in _DONE for r in range(world_size)
+    ):
+        if root is not None:
+            what = (f"rank {root.rank} was killed by {root.signal}" if root.signal
+                    else f"rank {root.rank} exited with status {root.exitcode}")
+        else:
+            what = f"torchrun exited with status {returncode}"
+        warning = (f"exit_abort: every rank finished and wrote its exit record, then {what} at exit; "
+                   "the measurement is valid")
+        tail_path = run_dir.rank_log(root.rank) if root is not None else launcher_log
+        return RunOutcome(status="ok", message=warning, warnings=(warning,), stderr_tail=_tail(tail_path),
+                          ranks=ranks, **common)
+
     # A rank that rejected the configuration explains everything that followed.
     config_errors = sorted(
         (r for r, rec in exits.items() if rec.get("status") == "config_error"),
@@ -270,26 +373,45 @@ def classify_run(
         )
 
     # A signal at the root cause comes before "error" records: peers of a killed rank
-    # typically fail in their next collective and record that secondary error.
-    if root is not None and root.exitcode < 0:
+    # typically fail in their next collective and record that secondary error. (A root
+    # that recorded an error of its own died of it: that error is the cause, below.)
+    root_status = exits.get(root.rank, {}).get("status") if root is not None else None
+    if root is not None and root.exitcode < 0 and root_status != "error":
+        log = _read_lines(run_dir.rank_log(root.rank))
+        message = f"rank {root.rank} was killed by {root.signal}"
+        if root_status in _DONE:
+            message += f" after recording a clean exit ({root_status}), before every rank did"
+        status = "signal"
+        # SIGKILL comes from outside (the kernel's OOM killer, a scheduler, a user) and
+        # leaves nothing to read; an abort may follow an OOM or NCCL's watchdog.
+        if root.signal != "SIGKILL":
+            scanned = _exception_lines("\n".join(log[-_SCAN_LINES:]))
+            status = _failure_kind(scanned)
+            if status == "script_error":
+                status = "signal"
+            else:
+                pattern = _OOM_RE if status == "oom" else _COLLECTIVE_TIMEOUT_RE
+                evidence = next(line.strip() for line in reversed(scanned) if pattern.search(line))
+                message = f"{message}: {evidence}"
         return RunOutcome(
-            status="signal",
+            status=status,
             failing_rank=root.rank,
             signal=root.signal,
-            message=f"rank {root.rank} was killed by {root.signal}",
-            stderr_tail=_tail(run_dir.rank_log(root.rank)),
+            message=message,
+            stderr_tail=tuple(log[-_TAIL_LINES:]),
             ranks=ranks,
             **common,
         )
 
+    # The earliest error, but a rank that only lost its peer yields to one with its own error.
     errors = sorted(
         (r for r, rec in exits.items() if rec.get("status") == "error"),
-        key=lambda r: (exits[r].get("t_exit") or 0.0, r),
+        key=lambda r: (_peer_lost(exits[r]), exits[r].get("t_exit") or 0.0, r),
     )
     if errors:
         r = errors[0]
         return RunOutcome(
-            status="script_error",
+            status=_record_kind(exits[r]),
             failing_rank=r,
             message=_error_message(exits[r]) or f"rank {r} failed",
             stderr_tail=_tail(run_dir.rank_log(r)),
@@ -302,10 +424,11 @@ def classify_run(
 
     if root is not None:
         log = _read_lines(run_dir.rank_log(root.rank))
+        last = _last_exception_line(log)
         return RunOutcome(
-            status="script_error",
+            status=_failure_kind([last]) if last else "script_error",
             failing_rank=root.rank,
-            message=_last_exception_line(log) or f"rank {root.rank} exited with status {root.exitcode}",
+            message=last or f"rank {root.rank} exited with status {root.exitcode}",
             stderr_tail=tuple(log[-_TAIL_LINES:]),
             ranks=ranks,
             **common,

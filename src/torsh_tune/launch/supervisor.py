@@ -4,12 +4,15 @@ The supervisor starts torchrun in a new session (so a Ctrl-C in the terminal rea
 the supervisor, which then stops the job in order), shows the ranks' output live, files
 it per rank, watches progress through the step records, enforces the wall-clock and
 no-progress timeouts, guarantees that no process of the run survives, and classifies
-how the run ended.
+how the run ended. A caller may also have a running job stopped (the autotuner prunes
+hopeless trials); that stop takes the same path as a timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import queue
 import signal
 import subprocess
@@ -49,6 +52,7 @@ def launch_run(
     argv: Sequence[str] | None = None,
     echo: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    should_prune: Callable[[Progress], str | None] | None = None,
 ) -> RunOutcome:
     """Run `script` under torchrun with torsh-tune's runtime and supervise it to the end.
 
@@ -56,9 +60,9 @@ def launch_run(
     the output into logs/rank{r:05d}.log and logs/launcher.log, and stops the whole job
     (SIGTERM, `budget.kill_grace_s`, SIGKILL, then any process still carrying the run's
     TORSH_TUNE_RUN_ID) on a wall-clock timeout, a no-progress timeout (only while the
-    profiler writes step records), Ctrl-C, or SIGTERM/SIGHUP to the supervisor (when
-    called from the main thread). It never raises for a failed job: failures are
-    returned as the outcome's status.
+    profiler writes step records), a pruning decision of `should_prune`, Ctrl-C, or
+    SIGTERM/SIGHUP to the supervisor (when called from the main thread). It never
+    raises for a failed job: failures are returned as the outcome's status.
 
     Args:
         config: The run configuration (validated here).
@@ -70,6 +74,9 @@ def launch_run(
             `[rank<r>]:` (default: print to stdout). Called on the calling thread.
         on_progress: Called about every 0.5 s with a `Progress` snapshot, and once more
             after the run ended (unless it was interrupted).
+        should_prune: Called after each poll while the job is alive (after `on_progress`);
+            a non-empty string it returns stops the job as a timeout would, with status
+            "pruned" and that string as the outcome's message (the autotuner's pruner).
 
     Returns:
         The `RunOutcome`; its status is one of `RUN_STATUSES`.
@@ -111,6 +118,7 @@ def launch_run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_stop_with_supervisor(),
         )
     except OSError as exc:
         outcome = classify_run(
@@ -122,7 +130,31 @@ def launch_run(
         )
         finish_run_info(run_dir, outcome)
         return outcome
-    return _Supervisor(config, run_dir, proc, run_id, t0, echo, on_progress).run()
+    return _Supervisor(config, run_dir, proc, run_id, t0, echo, on_progress, should_prune).run()
+
+
+def _stop_with_supervisor() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGTERM torchrun when the supervisor dies (Linux).
+
+    The job runs in its own session, so a supervisor killed without a chance to stop it
+    (SIGKILL, the OOM killer, a crash) would leave torchrun and its ranks running: a hung
+    trial forever. torchrun turns SIGTERM into an orderly stop of its workers. The signal
+    follows the death of the thread that started torchrun, which supervises it to the end.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 class _Terminated(BaseException):
@@ -164,6 +196,7 @@ class _Supervisor:
         t0: float,
         echo: Callable[[str], None],
         on_progress: Callable[[Progress], None] | None,
+        should_prune: Callable[[Progress], str | None] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -172,6 +205,7 @@ class _Supervisor:
         self.t0 = t0
         self.echo = echo
         self.on_progress = on_progress
+        self.should_prune = should_prune
         assert proc.stdout is not None
         self.demux = LogDemux(proc.stdout, run_dir).start()
         if config.launch.nnodes == 1:  # every rank has a log, also one that printed nothing
@@ -212,8 +246,13 @@ class _Supervisor:
                 if self.watcher.poll():
                     last_growth = now
                 next_poll = now + POLL_INTERVAL_S
+                snapshot = self.watcher.snapshot(now - self.t0)
                 if self.on_progress is not None:
-                    self.on_progress(self.watcher.snapshot(now - self.t0))
+                    self.on_progress(snapshot)
+                if self.should_prune is not None:
+                    reason = self.should_prune(snapshot)
+                    if reason:
+                        return "pruned", reason
             if budget.timeout_s is not None and now - self.t0 >= budget.timeout_s:
                 done = self.watcher.snapshot(now - self.t0).steps_done
                 return "timeout", f"the run exceeded budget.timeout_s={budget.timeout_s:g} s after {done} steps"

@@ -1,0 +1,123 @@
+"""Objectives and constraints: throughput + loss (Pareto front, its confirmation), peak memory.
+
+The study runs real torchrun launches (2 ranks, gloo) over gradient compression
+(none / fp16 / top-k), whose loss deviation from the baseline is the second objective.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+import pytest
+
+from torsh_tune.autotune import TuneResult, trial_constraints, tune
+from torsh_tune.config import RunConfig, load_config_file
+from torsh_tune.errors import ConfigError
+
+from helpers import run_cli
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_tune.py"
+SPEC = {
+    "ddp.bucket_cap_mb": {"value": 25.0},
+    "compression.method": {"choices": ["none", "fp16", "topk"]},
+    "compression.ratio": {"value": 0.1},
+}
+BASE = RunConfig.from_dict(
+    {"launch": {"nproc_per_node": 2}, "profiler": {"loss_every": 1}, "budget": {"kill_grace_s": 2.0}}
+)
+OBJECTIVES = ("throughput", "loss")
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory) -> tuple[Path, TuneResult]:
+    study_dir = tmp_path_factory.mktemp("multi")
+    result = tune(
+        SCRIPT, [], base_config=BASE, study_dir=study_dir, n_trials=3, baseline_repeats=1, confirm_top=1,
+        confirm_pairs=1, sampler="random", seed=0, steps=5, warmup_steps=2, space_spec=SPEC, cpu_count=2,
+        initial_params=[{"compression.method": "fp16"}, {"compression.method": "topk"}],
+        objectives=OBJECTIVES, loss_tolerance=0.05,
+    )
+    return study_dir, result
+
+
+def _dominates(a: dict[str, float], b: dict[str, float]) -> bool:
+    no_worse = a["throughput"] >= b["throughput"] and a["loss"] <= b["loss"]
+    return no_worse and (a["throughput"] > b["throughput"] or a["loss"] < b["loss"])
+
+
+def test_throughput_and_loss_give_a_pareto_front(multi):
+    study_dir, result = multi
+    assert result.objectives == OBJECTIVES
+    assert [t.params["compression.method"] for t in result.trials] == ["none", "fp16", "topk"]
+    complete = {t.number: t for t in result.trials if t.state == "COMPLETE"}
+    assert complete, [t.failure_reason for t in result.trials]
+    values = {n: {"throughput": t.samples_s, "loss": t.loss_deviation} for n, t in complete.items()}
+    feasible = {n for n, t in complete.items() if t.constraint_status == "feasible"}
+    front = {p.number: p for p in result.pareto}
+    assert front and set(front) <= feasible
+    for n, p in front.items():
+        assert p.values == pytest.approx(values[n]) and p.params == complete[n].params
+        assert not any(_dominates(values[m], values[n]) for m in feasible)
+    for n in feasible - set(front):  # off the front only when something on it is at least as good
+        assert any(_dominates(values[m], values[n]) for m in front)
+    speeds = [p.values["throughput"] for p in result.pareto]
+    assert speeds == sorted(speeds, reverse=True)
+    # No pruning in a multi-objective study: nothing reported per step.
+    assert all(t.intermediate_samples_s == {} for t in result.trials)
+    data = json.loads((study_dir / "result.json").read_text())
+    assert data["objectives"] == list(OBJECTIVES)
+    assert data["pareto"] == [json.loads(json.dumps(asdict(p))) for p in result.pareto]
+    stored = optuna.load_study(study_name="torsh-tune", storage=f"sqlite:///{study_dir / 'study.db'}")
+    assert [d.name for d in stored.directions] == ["MAXIMIZE", "MINIMIZE"]
+
+
+def test_the_fastest_feasible_front_member_is_confirmed_and_best_toml_applies(multi):
+    study_dir, result = multi
+    assert len(result.confirmations) <= 1
+    base = BASE.apply_patch({"budget": {"steps": 5, "warmup_steps": 2}, "profiler": {"enabled": True}}).to_dict()
+    from torsh_tune.autotune import build_space
+
+    space = build_space(nproc_per_node=2, cpu_count=2, spec=SPEC)
+    eligible = [p for p in result.pareto if space.to_config(RunConfig.from_dict(base), p.params).to_dict() != base]
+    if eligible:
+        assert [c.trial_number for c in result.confirmations] == [eligible[0].number]
+    best = load_config_file(study_dir / "best.toml")
+    assert best == result.best_config
+    applied = run_cli("apply", str(study_dir), timeout=60)
+    assert applied.returncode == 0 and applied.stdout == (study_dir / "best.toml").read_text()
+
+
+def test_a_resumed_study_keeps_its_objectives(multi):
+    study_dir, _ = multi
+    with pytest.raises(ConfigError, match=r"objectives must be the resumed study's \('throughput', 'loss'\)"):
+        tune(SCRIPT, [], base_config=BASE, study_dir=study_dir, n_trials=3, space_spec=SPEC, cpu_count=2)
+
+
+def test_objective_arguments_are_checked_before_anything_runs(tmp_path):
+    common = dict(base_config=BASE, study_dir=tmp_path / "s")
+    with pytest.raises(ConfigError, match=r"objectives must be \('throughput',\) or \('throughput', 'loss'\)"):
+        tune(SCRIPT, [], objectives=("loss",), **common)
+    with pytest.raises(ConfigError, match="pruner must be 'none' with several objectives"):
+        tune(SCRIPT, [], objectives=OBJECTIVES, pruner="median", **common)
+    with pytest.raises(ConfigError, match="max_peak_mem_bytes must be an integer > 0"):
+        tune(SCRIPT, [], max_peak_mem_bytes=0, **common)
+    assert not (tmp_path / "s").exists()
+
+
+def test_constraints_loss_guard_and_peak_memory():
+    c = trial_constraints(loss_deviation=0.002, lossy=True, loss_tolerance=0.01)
+    assert c == {"loss_deviation": pytest.approx(-0.008)}
+    # Without a comparable loss only a lossless choice passes.
+    assert trial_constraints(loss_deviation=None, lossy=True, loss_tolerance=0.01) == {"loss_deviation": 1.0}
+    assert trial_constraints(loss_deviation=None, lossy=False, loss_tolerance=0.01) == {"loss_deviation": 0.0}
+    over = trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
+                             peak_mem_bytes=3 << 30, max_peak_mem_bytes=2 << 30)
+    assert over["peak_mem"] == pytest.approx(0.5)  # > 0: violated
+    under = trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
+                              peak_mem_bytes=1 << 30, max_peak_mem_bytes=2 << 30)
+    assert under["peak_mem"] == pytest.approx(-0.5)
+    assert "peak_mem" not in trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
+                                               peak_mem_bytes=1 << 30)
