@@ -4,7 +4,8 @@
     torsh-tune profile [OPTIONS] SCRIPT [SCRIPT ARGS...]   run under the always-on profiler
     torsh-tune tune [OPTIONS] SCRIPT [SCRIPT ARGS...]      the Optuna study alone (best.toml, result.json)
     torsh-tune run --config STUDY [OPTIONS] SCRIPT ...     the full training with a study's best.toml, profiled
-    torsh-tune report RUN [--format md|json]              re-analyse a run dir, rewrite its report
+    torsh-tune report RUN [--format md|json|html]         re-analyse a run dir, rewrite its report
+    torsh-tune report STUDY [--format md|json|html]       a study's report (report.md, report.html, report.json)
     torsh-tune import-config FILE [--from FMT] [--out F]  DeepSpeed/Horovod/FSDP1 settings -> strategy TOML
     torsh-tune advise --params N --world-size W ...       ranked strategies for a model size and cluster
 
@@ -153,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Profile, diagnose and tune PyTorch distributed training.",
         epilog="Without a subcommand, `torsh-tune [OPTIONS] SCRIPT ...` runs the main job: a baseline profile, "
         "the Optuna study (the options of `tune`), the confirmation of its best candidates and a study report "
-        "(STUDY/summary.md, summary.json). Exit status: 0 ok, 1 the run failed, 2 bad input, 130 interrupted.",
+        "(STUDY/report.html, report.md, report.json, summary.md, summary.json). Exit status: 0 ok, 1 the run failed, 2 bad input, 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"torsh-tune {__version__}")
     parser.add_argument("--debug", action="store_true", help="Show tracebacks of errors.")
@@ -171,11 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch_options(tun)
     app_ = sub.add_parser("apply", help="Print the tuned config (best.toml) of a study.")
     app_.add_argument("study", help="A study directory written by `torsh-tune tune`.")
-    rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report.")
-    rep.add_argument("run", help="A run directory.")
+    rep = sub.add_parser("report", help="Re-analyse a run directory and rewrite its report, or write a study's report.")
+    rep.add_argument("run", metavar="RUN|STUDY",
+                     help="A run directory, or a study directory (holding result.json, or study.db while it runs).")
     rep.add_argument("--format", action="append", choices=("json", "md", "html", "csv", "parquet"), dest="formats",
-                     help="Output format; repeat for several (default: json, md and html).")
-    rep.add_argument("--out", help="Write into this directory instead of RUN/report.")
+                     help="Output format; repeat for several (default: json, md and html; csv and parquet: runs only).")
+    rep.add_argument("--out", help="Write into this directory instead of RUN/report (a study: STUDY itself).")
     cmp_ = sub.add_parser("compare", help="Compare two runs (or a run and a baseline report.json) with noise-aware verdicts.")
     cmp_.add_argument("a", help="Baseline: a run directory or a report.json.")
     cmp_.add_argument("b", help="Candidate: a run directory or a report.json.")
@@ -406,6 +408,12 @@ def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
     return (EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED), analysis
 
 
+def is_study_dir(path: str | Path) -> bool:
+    """A study directory: one `tune` wrote results into, or is still writing its storage into."""
+    p = Path(path)
+    return (p / "result.json").is_file() or ((p / "study.db").is_file() and not (p / "run.json").is_file())
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -413,6 +421,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .reports import build_report_info, render_summary, write_reports
     from .rundir import RunDir
 
+    if is_study_dir(args.run):
+        return cmd_report_study(args)
     run_dir = RunDir(args.run)
     if not run_dir.run_json.is_file() and not run_dir.ranks.is_dir():
         raise invalid("RUN", "a torsh-tune run directory", args.run)
@@ -421,6 +431,33 @@ def cmd_report(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     paths = write_reports(analysis, run_dir.path, formats=tuple(args.formats or RUN_END_FORMATS), out_dir=args.out)
     render_summary(build_report_info(analysis), console, report_paths=paths)
+    return EXIT_OK
+
+
+def cmd_report_study(args: argparse.Namespace) -> int:
+    """`report STUDY`: the study report (report.json, report.md, report.html), the migration checks measured again."""
+    from rich.console import Console
+
+    from .autotune.summary import rebuild_summary
+    from .reports import TUNING_REPORT_FORMATS, get_tuning_info, write_tuning_reports
+
+    formats = tuple(args.formats or TUNING_REPORT_FORMATS)
+    for f in formats:
+        if f not in TUNING_REPORT_FORMATS:
+            raise invalid("--format of a study report", f"one of {', '.join(TUNING_REPORT_FORMATS)}", f)
+    summary = rebuild_summary(args.run)
+    info = get_tuning_info(args.run, summary=summary if summary is not None else {})
+    paths = write_tuning_reports(info, args.out or args.run, formats=formats)
+    console = Console(highlight=False)
+    if summary is not None:
+        _print_summary(summary, {f"report.{k}": str(p) for k, p in paths.items()}, console)
+    else:
+        v = info.verdict
+        console.print(f"[bold yellow]{v['title']}.[/] {v['text']}")
+        for fmt, path in paths.items():
+            console.print(f"report.{fmt}: {path}", markup=False)
+    for warning in info.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
     return EXIT_OK
 
 
@@ -579,8 +616,10 @@ def _print_study_result(result: Any, console: Any) -> None:
 
 
 def _print_summary(summary: dict[str, Any], files: dict[str, str], console: Any) -> None:
-    """The study report's essentials on the terminal (the rest is in summary.md)."""
+    """The study report's essentials on the terminal (the rest is in report.html / report.md)."""
     from rich.table import Table
+
+    from .reports import migration_cell
 
     v = summary["verdict"]
     style = "bold green" if v["confirmed"] else "bold yellow"
@@ -588,10 +627,8 @@ def _print_summary(summary: dict[str, Any], files: dict[str, str], console: Any)
     table = Table(title="baseline vs best (ToRSh migration checks)", title_justify="left")
     for col in ("metric", "baseline", "best", "change", "rule", "check"):
         table.add_column(col)
-    from .autotune.summary import format_cell
-
     for m in summary["migration"]:
-        table.add_row(m["label"], format_cell(m, "baseline"), format_cell(m, "best"), format_cell(m, "change"),
+        table.add_row(m["label"], migration_cell(m, "baseline"), migration_cell(m, "best"), migration_cell(m, "change"),
                       m["rule"], {True: "[green]pass[/]", False: "[red]fail[/]", None: "—"}[m["ok"]])
     console.print(table)
     console.print("reproduce:")

@@ -473,10 +473,14 @@ def tune(
         return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
                                                              TrialState.PRUNED)))
 
+    from ..launch import process_identity
+
+    tuner = process_identity()
     while not interrupted and finished() < n_trials:
         if timeout_s is not None and time.monotonic() - t_start > timeout_s:
             break
         trial = study.ask()
+        trial.set_user_attr("tuner", tuner)  # a resuming or peer tuner tells live trials from stale ones
         try:
             interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss, objectives=objectives,
                                      loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes)
@@ -714,9 +718,9 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
 def _stop_stale_runs(root: Path) -> None:
     """Runs a killed tuner left behind (run.json still "running"): end their processes and record the stop.
 
-    Same assumption as `_fail_stale_trials`: no other live tuner works in this study directory.
+    A run whose supervisor (run.json `supervisor`) still runs belongs to a live peer tuner.
     """
-    from ..launch import classify_run, finish_run_info, kill_run_processes, read_run_info
+    from ..launch import classify_run, finish_run_info, kill_run_processes, process_alive, read_run_info
 
     for run_json in sorted(root.glob("*/*/run.json")):
         run_dir = RunDir(run_json.parent)
@@ -724,8 +728,8 @@ def _stop_stale_runs(root: Path) -> None:
             info = read_run_info(run_dir)
         except (OSError, ValueError):
             continue
-        if info.get("status") != "running":
-            continue
+        if info.get("status") != "running" or process_alive(info.get("supervisor")) is not False:
+            continue  # finished, or supervised by a live tuner (a scale-out peer)
         if info.get("run_id"):
             kill_run_processes(str(info["run_id"]), grace_s=2.0)
         finish_run_info(run_dir, classify_run(
@@ -736,13 +740,18 @@ def _stop_stale_runs(root: Path) -> None:
 def _fail_stale_trials(study) -> None:
     """Trials left RUNNING by a tuner that was killed become FAIL with a reason.
 
-    Only one tuner process per study may resume this way: a second live tuner's running
-    trial would be marked failed too.
+    Each trial records its tuner (`tuner` user attr: host, pid, start time); a trial whose
+    tuner still runs on this host, or runs on another host, is left alone, so several tuners
+    can work on one study (the trials of a tuner killed on another host stay RUNNING).
     """
     import optuna
     from optuna.trial import TrialState
 
+    from ..launch import process_alive
+
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if process_alive(t.user_attrs.get("tuner")) is not False:
+            continue  # its tuner still runs (or runs on another host): a scale-out peer's trial
         optuna.trial.Trial(study, t._trial_id).set_user_attr(
             "failure_reason", "stale: the tuner stopped while this trial was running"
         )

@@ -1,7 +1,9 @@
 """The main job's study report: the baseline against the confirmed best, with the ToRSh migration checks.
 
-Rendered from the study's `result.json` and the step records of the runs it names, so it can
-be rebuilt for any finished study. The numbers beside each other are those of the confirmation
+Built on `reports.get_tuning_info` (the study's `result.json`: trials, confirmations, verdict)
+plus the step records of the runs it names, so it can be rebuilt for any finished study, and
+rendered by `reports` (`summary.md` is `render_tuning_markdown(..., full=False)`; the full
+study report `report.md`/`report.html`/`report.json` carries the same checks). The numbers beside each other are those of the confirmation
 phase (baseline and candidate run interleaved, A B A B ...), not the search's single runs; a
 speedup is only reported when the confirmation supported it (`TuneResult.best_trial`).
 
@@ -14,14 +16,13 @@ ToRSh's migration checks of the best configuration against the baseline:
 
 Example:
     >>> summary = build_summary("torsh-runs/tune-train", script="train.py")  # doctest: +SKIP
-    >>> write_summary("torsh-runs/tune-train", summary)  # doctest: +SKIP
-    {'summary.json': '.../summary.json', 'summary.md': '.../summary.md'}
+    >>> sorted(write_summary("torsh-runs/tune-train", summary))  # doctest: +SKIP
+    ['report.html', 'report.json', 'report.md', 'summary.json', 'summary.md']
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 from pathlib import Path
@@ -32,10 +33,11 @@ import pandas as pd
 
 from ..analysis import load_run
 from ..errors import invalid
+from ..reports import TuningInfo, get_tuning_info, render_tuning_markdown, write_tuning_reports
 from ..rundir import write_json_atomic, write_text_atomic
 from .objective import loss_by_step, loss_deviation, throughput_of
 
-__all__ = ["SUMMARY_SCHEMA", "build_summary", "format_cell", "render_markdown", "write_summary"]
+__all__ = ["SUMMARY_SCHEMA", "build_summary", "rebuild_summary", "render_markdown", "write_summary"]
 
 SUMMARY_SCHEMA = 1
 _TOP_TRIALS = 5
@@ -52,7 +54,11 @@ def build_summary(
     recommendations_tried: Sequence[str] = (),
     study_command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The study report as plain JSON types (see the module docstring).
+    """The study summary as plain JSON types (see the module docstring).
+
+    The study's trials, confirmations and verdict come from `reports.get_tuning_info`; this
+    adds what needs the runs themselves: the ToRSh migration checks measured on the
+    confirmation's paired runs, and the main job's profile and recommendations.
 
     Args:
         study_dir: A study directory holding `result.json`.
@@ -69,18 +75,16 @@ def build_summary(
         ConfigError: `study_dir` holds no result.json.
     """
     root = Path(study_dir)
-    path = root / "result.json"
-    if not path.is_file():
+    if not (root / "result.json").is_file():
         raise invalid("STUDY", "a study directory holding result.json", str(study_dir))
-    result = json.loads(path.read_text())
-    best_trial = result.get("best_trial")
-    confirmation = next((c for c in result.get("confirmations", []) if c["trial_number"] == best_trial), None)
+    info = get_tuning_info(root, summary={})
+    best_trial = info.best["trial"]
+    confirmation = next((c for c in info.confirmations if c["trial"] == best_trial), None)
     if best_trial is not None and confirmation is not None:
-        pairs = [tuple(p) for p in confirmation.get("run_dirs", [])]
-        baseline_side = _side([a for a, _ in pairs])
-        best_side = _side([b for _, b in pairs])
+        baseline_side = _side([a for a, _ in confirmation["run_dirs"]])
+        best_side = _side([b for _, b in confirmation["run_dirs"]])
     else:
-        baseline_side = _side(result["baseline"]["run_dirs"])
+        baseline_side = _side((info.baseline or {}).get("run_dirs", []))
         best_side = None
     best_toml = str(root / "best.toml")
     summary: dict[str, Any] = {
@@ -88,20 +92,22 @@ def build_summary(
         "script": script,
         "script_args": list(script_args),
         "study_dir": str(root),
-        "verdict": _verdict(result),
+        "verdict": info.verdict,
         "best_trial": best_trial,
-        "best_params": result.get("best_params") or {},
-        "speedup": result.get("best_speedup"),
-        "speedup_ci": result.get("best_ci"),
-        "baseline_noise_pct": 100.0 * float(result["baseline"]["noise_rel"]),
+        "best_params": info.best["params"],
+        "speedup": info.best["speedup"],
+        "speedup_ci": [info.best["ci_low"], info.best["ci_high"]] if best_trial is not None else None,
+        "baseline_noise_pct": (info.baseline or {}).get("noise_pct", 0.0),
+        "loss_tolerance": loss_tolerance,
+        "max_memory_ratio": max_memory_ratio,
         "baseline": _public(baseline_side),
         "best": _public(best_side) if best_side else None,
         "migration": _migration(baseline_side, best_side, loss_tolerance, max_memory_ratio),
-        "confirmations": [_confirmation_row(c) for c in result.get("confirmations", [])],
-        "trials": _trials(result.get("trials", [])),
+        "confirmations": list(info.confirmations),
+        "trials": _trials(info),
         "profile": _profile(profile_run),
-        "recommendations_tested": _tested(recommendations_tried, result),
-        "interrupted": bool(result.get("interrupted")),
+        "recommendations_tested": _tested(recommendations_tried, info),
+        "interrupted": info.study["status"] == "interrupted",
         "commands": {
             "run": shlex.join(["torsh-tune", "run", "--config", best_toml, script, *script_args]),
             "apply": shlex.join(["torsh-tune", "apply", str(root)]),
@@ -116,88 +122,69 @@ def build_summary(
 
 
 def write_summary(study_dir: str | os.PathLike[str], summary: Mapping[str, Any]) -> dict[str, str]:
-    """Write `summary.json` and `summary.md` into the study directory; name -> path."""
+    """Write the study report into the study directory; file name -> path.
+
+    `summary.json` (the summary itself), `summary.md` (its short Markdown) and the full
+    study report `report.json`, `report.md` and `report.html` (`reports.write_tuning_reports`:
+    every trial, the figures, importances, Pareto front, and these migration checks).
+    """
     root = Path(study_dir)
+    info = get_tuning_info(root, summary=summary)
     out = {"summary.json": root / "summary.json", "summary.md": root / "summary.md"}
     write_json_atomic(out["summary.json"], dict(summary))
-    write_text_atomic(out["summary.md"], render_markdown(summary))
+    write_text_atomic(out["summary.md"], render_tuning_markdown(info, full=False))
+    out.update({f"report.{fmt}": p for fmt, p in write_tuning_reports(info, root).items()})
     return {name: str(p) for name, p in out.items()}
 
 
+def rebuild_summary(study_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The summary of an existing study, measured again (`torsh-tune report STUDY`).
+
+    The inputs only the main job knew come from the study's previous `summary.json` when it
+    has one (script and arguments, loss tolerance, the recommendations tried, the study's
+    command); otherwise the script is the baseline run's (its run.json) and the loss
+    tolerance the one the trials' loss constraint was built with.
+
+    Returns:
+        None for a study without result.json (still running: nothing confirmed to measure).
+    """
+    root = Path(study_dir)
+    if not (root / "result.json").is_file():
+        return None
+    try:
+        old = json.loads((root / "summary.json").read_text())
+    except (OSError, ValueError):
+        old = {}
+    info = get_tuning_info(root, summary={})
+    script, script_args = old.get("script"), old.get("script_args")
+    if script is None:
+        script, script_args = _baseline_script(info)
+    profile = root / "profile"
+    study = (old.get("commands") or {}).get("study")
+    return build_summary(
+        root, script=script, script_args=script_args or (),
+        loss_tolerance=old.get("loss_tolerance") or info.study.get("loss_tolerance") or 0.01,
+        max_memory_ratio=old.get("max_memory_ratio") or 1.10,
+        profile_run=profile if profile.is_dir() else None,
+        recommendations_tried=[r["title"] for r in old.get("recommendations_tested") or []],
+        study_command=shlex.split(study) if study else None,
+    )
+
+
+def _baseline_script(info: TuningInfo) -> tuple[str, list[str]]:
+    for run_dir in (info.baseline or {}).get("run_dirs", []):
+        try:
+            run = json.loads((Path(run_dir) / "run.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if run.get("script"):
+            return str(run["script"]), [str(a) for a in run.get("script_args") or []]
+    return "SCRIPT", []
+
+
 def render_markdown(summary: Mapping[str, Any]) -> str:
-    """The study report as Markdown."""
-    s = summary
-    lines = [f"# torsh-tune study: {Path(s['script']).name}", ""]
-    lines += [f"**{s['verdict']['title']}.** {s['verdict']['text']}", ""]
-    best = s.get("best")
-    lines += ["## Baseline and best configuration", ""]
-    if best is None:
-        lines += [f"No configuration was confirmed faster, so `best.toml` is the baseline: "
-                  f"{_num(s['baseline']['samples_s'], ',.1f')} samples/s (median of "
-                  f"{s['baseline']['runs']} baseline run(s)).", ""]
-    else:
-        lines += [f"Measured in the confirmation: {best['runs']} interleaved pair(s) of baseline and trial "
-                  f"{s['best_trial']}.", ""]
-    lines += ["| metric | baseline | best | change | ToRSh rule | check |", "|---|---|---|---|---|---|"]
-    for m in s["migration"]:
-        check = {True: "pass", False: "**fail**", None: "—"}[m["ok"]]
-        cells = " | ".join(format_cell(m, key) for key in ("baseline", "best", "change"))
-        lines.append(f"| {m['label']} | {cells} | {m['rule']} | {check} |")
-    lines.append("")
-    if best is not None and s.get("migration_ok") is False:
-        failed = ", ".join(m["label"] for m in s["migration"] if m["ok"] is False)
-        lines += [f"The best configuration is faster but fails the migration check on: {failed}. Review it "
-                  "before adopting it.", ""]
-    if s["best_params"]:
-        lines += ["Parameters of the best configuration:", ""]
-        lines += [f"- `{k} = {json.dumps(v)}`" for k, v in sorted(s["best_params"].items())] + [""]
-    if s["confirmations"]:
-        lines += ["## Confirmation (candidate vs baseline, interleaved A B A B ...)", "",
-                  "| trial | pairs | paired speedup | 95 % CI | verdict |", "|---|---|---|---|---|"]
-        for c in s["confirmations"]:
-            if c["speedup"] is None:
-                lines.append(f"| {c['trial']} | 0 | — | — | not measured: {'; '.join(c['failures']) or 'no pair'} |")
-                continue
-            verdict = "confirmed faster" if c["better"] else "not faster beyond noise"
-            lines.append(f"| {c['trial']} | {c['pairs']} | {c['speedup']:.3f}x | "
-                         f"{c['ci_low']:.3f}–{c['ci_high']:.3f} | {verdict} |")
-        lines.append("")
-    profile = s.get("profile")
-    if profile:
-        lines += ["## Baseline profile", "", f"Report: `{profile['report']}`", ""]
-        for b in profile["bottlenecks"]:
-            lines.append(f"- **{b['severity']}** {b['category']}: {b['message']}")
-        if not profile["bottlenecks"]:
-            lines.append("- no bottleneck found")
-        for r in profile["recommendations"]:
-            lines.append(f"- recommended: {r['title']} (expected gain {r['gain']})")
-        lines.append("")
-    if s.get("recommendations_tested"):
-        lines += ["Each recommendation the search space can express ran as a trial:", "",
-                  "| recommendation | trial | samples/s (single run) | verdict |", "|---|---|---|---|"]
-        for r in s["recommendations_tested"]:
-            lines.append(f"| {r['title']} | {r['trial']} | {_num(r['samples_s'], ',.1f')} | {r['verdict']} |")
-        lines.append("")
-    t = s["trials"]
-    lines += ["## Search", "",
-              f"{t['finished']} finished trial(s): {t['complete']} complete, {t['failed']} failed, "
-              f"{t['violated']} outside a constraint (loss or memory). Single-run throughput of the best "
-              "feasible trials (the search's ranking; only the confirmation above measures a speedup):", "",
-              "| trial | samples/s | role | parameters |", "|---|---|---|---|"]
-    for row in t["top"]:
-        params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(row["params"].items()))
-        lines.append(f"| {row['number']} | {_num(row['samples_s'], ',.1f')} | {row['role'] or 'sampler'} | {params} |")
-    if t["failures"]:
-        lines += ["", "Failed trials:", ""]
-        lines += [f"- trial {f['number']}: {f['reason']}" for f in t["failures"]]
-    lines += ["", "## Reproduce", "", "```sh",
-              f"{s['commands']['run']}    # the full training with the tuned config, profiled",
-              f"{s['commands']['apply']}    # print the tuned config"]
-    if "study" in s["commands"]:
-        lines.append(f"{s['commands']['study']}    # this study again (a new study directory)")
-    lines += ["```", "", "## Files", ""]
-    lines += [f"- {name}: `{p}`" for name, p in s["files"].items()]
-    return "\n".join(lines) + "\n"
+    """The summary as Markdown (summary.md): `reports.render_tuning_markdown(..., full=False)`."""
+    return render_tuning_markdown(get_tuning_info(summary["study_dir"], summary=summary), full=False)
 
 
 # -- measurements ----------------------------------------------------------------------------
@@ -259,73 +246,41 @@ def _migration(base: Mapping[str, Any], best: Mapping[str, Any] | None, loss_tol
     ]
 
 
-def _noise(result: Mapping[str, Any]) -> str:
-    base = result["baseline"]
-    if len(base.get("samples_s", [])) < 2:
-        return "the baseline's run-to-run noise was not measured (one baseline run)"
-    return f"the baseline's run-to-run noise is {100 * base['noise_rel']:.1f} %"
-
-
-def _verdict(result: Mapping[str, Any]) -> dict[str, Any]:
-    if result.get("best_trial") is not None:
-        lo, hi = result["best_ci"]
-        pairs = next((len(c["ratios"]) for c in result["confirmations"] if c["trial_number"] == result["best_trial"]), 0)
-        return {"confirmed": True, "title": f"Confirmed speedup {result['best_speedup']:.3f}x",
-                "text": f"Trial {result['best_trial']} ran {result['best_speedup']:.3f}x the baseline's throughput "
-                        f"(95 % CI {lo:.3f}–{hi:.3f}) over {pairs} interleaved pair(s); {_noise(result)}. "
-                        "It is in `best.toml`."}
-    if result.get("interrupted"):
-        text = "The study was interrupted before a candidate was confirmed; `best.toml` is your configuration as it is."
-    elif not result.get("confirmations"):
-        text = "No candidate was re-run against the baseline; `best.toml` is your configuration as it is."
-    else:
-        text = ("No candidate beat the baseline in the confirmation (a paired-speedup 95 % CI above 1 and a "
-                f"speedup beyond the noise; {_noise(result)}); `best.toml` is your configuration as it is.")
-    return {"confirmed": False, "title": "No confirmed speedup", "text": text}
-
-
-def _confirmation_row(c: Mapping[str, Any]) -> dict[str, Any]:
-    return {"trial": c["trial_number"], "pairs": len(c.get("ratios", [])), "speedup": c.get("speedup"),
-            "ci_low": c.get("ci_low"), "ci_high": c.get("ci_high"), "better": bool(c.get("better")),
-            "failures": list(c.get("failures", []))}
-
-
-def _trials(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    finished = [t for t in trials if t["state"] in ("COMPLETE", "FAIL", "PRUNED")]
-    feasible = [t for t in trials if t["state"] == "COMPLETE" and t.get("constraint_status") == "feasible"]
-    top = sorted(feasible, key=lambda t: -(t.get("samples_s") or 0.0))[:_TOP_TRIALS]
+def _trials(info: TuningInfo) -> dict[str, Any]:
+    counts = info.study["counts"]
+    feasible = [t for t in info.trials if t["samples_s"] is not None and t["constraint_status"] == "feasible"]
+    top = sorted(feasible, key=lambda t: -t["samples_s"])[:_TOP_TRIALS]
     return {
-        "finished": len(finished),
-        "complete": sum(t["state"] == "COMPLETE" for t in trials),
-        "failed": sum(t["state"] == "FAIL" for t in trials),
-        "violated": sum(t.get("constraint_status") == "violated" for t in trials),
-        "top": [{"number": t["number"], "samples_s": t.get("samples_s"), "role": t.get("role", ""),
-                 "params": t.get("params", {})} for t in top],
-        "failures": [{"number": t["number"], "reason": t.get("failure_reason", "")}
-                     for t in trials if t["state"] == "FAIL"],
+        "finished": counts["finished"],
+        "complete": counts["complete"],
+        "failed": counts["failed"],
+        "violated": counts["violated"],
+        "top": [{"number": t["number"], "samples_s": t["samples_s"], "role": t["role"], "params": t["params"]}
+                for t in top],
+        "failures": [{"number": t["number"], "reason": t["failure_reason"]} for t in info.trials if t["state"] == "FAIL"],
     }
 
 
-def _tested(titles: Sequence[str], result: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _tested(titles: Sequence[str], info: TuningInfo) -> list[dict[str, Any]]:
     """The recommendations enqueued as "initial" trials, with what the study made of each."""
-    initial = sorted((t for t in result.get("trials", []) if t.get("role") == "initial"), key=lambda t: t["number"])
-    confirmed = {c["trial_number"]: c for c in result.get("confirmations", [])}
+    initial = [t for t in info.trials if t["role"] == "initial"]
+    confirmed = {c["trial"]: c for c in info.confirmations}
     out = []
     for title, t in zip(titles, initial):
         c = confirmed.get(t["number"])
-        if t["number"] == result.get("best_trial"):
+        if t["number"] == info.best["trial"]:
             verdict = "confirmed faster: the best configuration"
-        elif c is not None and c.get("better"):
+        elif c is not None and c["better"]:
             verdict = "confirmed faster"
-        elif c is not None and c.get("speedup") is not None:
+        elif c is not None and c["speedup"] is not None:
             verdict = f"not faster beyond noise (paired speedup {c['speedup']:.3f}x)"
         elif t["state"] != "COMPLETE":
-            verdict = f"{t['state'].lower()}: {t.get('failure_reason', '')}"
-        elif t.get("constraint_status") == "violated":
+            verdict = f"{t['state'].lower()}: {t['failure_reason']}"
+        elif t["constraint_status"] == "violated":
             verdict = "outside a constraint (loss or memory)"
         else:
             verdict = "not among the candidates confirmed"
-        out.append({"title": title, "trial": t["number"], "state": t["state"], "samples_s": t.get("samples_s"),
+        out.append({"title": title, "trial": t["number"], "state": t["state"], "samples_s": t["samples_s"],
                     "verdict": verdict})
     return out
 
@@ -355,30 +310,3 @@ def _profile(profile_run: str | os.PathLike[str] | None) -> dict[str, Any] | Non
 
 def _gain(low: float, high: float) -> str:
     return f"{high:.3g} % of the step" if low == high else f"{low:.3g}–{high:.3g} % of the step"
-
-
-def _num(v: float | None, spec: str) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def format_cell(m: Mapping[str, Any], key: str) -> str:
-    """A migration row's "baseline", "best" or "change" cell, with its unit."""
-    if key == "change":
-        if m.get("deviation_pct") is not None:
-            return f"{m['deviation_pct']:.2f} % off"
-        b, c = m.get("baseline"), m.get("best")
-        return "—" if b is None or c is None or b == 0 else f"{100.0 * (c / b - 1.0):+.1f} %"
-    v = m.get(key)
-    if v is None:
-        return "—"
-    if m["unit"] == "bytes":
-        return f"{v / 2**20:,.1f} MiB"
-    if m["unit"] == "s":
-        return f"{v * 1e3:,.2f} ms"
-    if m["unit"] == "samples/s":
-        return f"{v:,.1f} samples/s"
-    return f"{v:.4g}"
-
-
-def _short(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)

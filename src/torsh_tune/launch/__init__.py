@@ -17,7 +17,14 @@ from .command import (
 )
 from .outcome import RUN_STATUSES, RunOutcome, TorchrunFailure, classify_run, parse_torchrun_failures
 from .progress import Progress, StepsWatcher
-from .runinfo import RUN_INFO_SCHEMA_VERSION, finish_run_info, read_run_info, start_run_info
+from .runinfo import (
+    RUN_INFO_SCHEMA_VERSION,
+    finish_run_info,
+    process_alive,
+    process_identity,
+    read_run_info,
+    start_run_info,
+)
 from .supervisor import launch_run
 
 __all__ = [
@@ -39,6 +46,8 @@ __all__ = [
     "launch_run",
     "new_run_id",
     "parse_torchrun_failures",
+    "process_alive",
+    "process_identity",
     "read_run_info",
     "start_run_info",
     "write_config_json",

@@ -24,9 +24,28 @@ from ..config import RunConfig
 from ..rundir import RunDir, write_json_atomic
 from .outcome import RunOutcome
 
-__all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "read_run_info", "start_run_info"]
+__all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "process_alive", "process_identity", "read_run_info",
+           "start_run_info"]
 
 RUN_INFO_SCHEMA_VERSION = 1
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """host, pid and start time of a process (this one by default): names it even after pid reuse."""
+    proc = psutil.Process(pid)
+    return {"host": socket.gethostname(), "pid": proc.pid, "create_time": proc.create_time()}
+
+
+def process_alive(identity: Any) -> bool | None:
+    """Whether the process `process_identity` described still runs; None when it lives on another host."""
+    if not isinstance(identity, dict) or "pid" not in identity:
+        return False
+    if identity.get("host") != socket.gethostname():
+        return None
+    try:
+        return abs(psutil.Process(int(identity["pid"])).create_time() - float(identity.get("create_time", 0))) < 1.0
+    except (psutil.Error, ValueError, TypeError):
+        return False
 
 
 def read_run_info(run_dir: RunDir) -> dict[str, Any]:
@@ -87,6 +106,8 @@ def start_run_info(
             "python": platform.python_version(),
         },
         "hostname": socket.gethostname(),
+        # Who supervises the run (a tuner resuming a study leaves a live supervisor's runs alone).
+        "supervisor": process_identity(),
         "platform": platform.platform(),
         "python_executable": sys.executable,
         "cpu_count": os.cpu_count(),

@@ -13,10 +13,14 @@ __all__ = [
     "advice_input_text",
     "fmt_gb",
     "fmt_bytes",
+    "fmt_loss_deviation",
+    "fmt_param",
     "fmt_pct",
     "fmt_s",
+    "fmt_samples_s",
     "fmt_value",
     "gain_text",
+    "migration_cell",
 ]
 
 #: Display names of the breakdown phases.
@@ -194,3 +198,52 @@ def advice_common_reasons(rows: tuple[dict[str, Any], ...] | list[dict[str, Any]
     if len(rows) < 2:
         return []
     return [r for r in rows[0].get("reasons") or [] if all(r in (row.get("reasons") or []) for row in rows[1:])]
+
+
+def fmt_samples_s(value: float | None) -> str:
+    """Throughput: '13,633 samples/s', '103.2 samples/s'."""
+    if value is None:
+        return "–"
+    return f"{value:,.1f} samples/s" if abs(value) < 1000 else f"{value:,.0f} samples/s"
+
+
+def fmt_param(value: Any) -> str:
+    """A search-space parameter value as the study's tables show it ('25', '3.13', 'fp16', 'true')."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def fmt_loss_deviation(deviation: float | None) -> str:
+    """A relative loss deviation (0.000187) as a percentage with 3 significant digits ('0.0187 %')."""
+    if deviation is None:
+        return "–"
+    return "0 %" if deviation == 0 else f"{100.0 * deviation:.3g} %"
+
+
+def migration_cell(row: dict[str, Any], key: str) -> str:
+    """A ToRSh migration check's "baseline", "best" or "change" cell, with its unit.
+
+    `row` is one entry of the study summary's `migration` list (metric, unit, baseline, best,
+    deviation_pct for the loss).
+    """
+    if key == "change":
+        if row.get("deviation_pct") is not None:
+            return f"{row['deviation_pct']:.2f} % off"
+        b, c = row.get("baseline"), row.get("best")
+        return "–" if b is None or c is None or b == 0 else f"{100.0 * (c / b - 1.0):+.1f} %"
+    v = row.get(key)
+    if v is None:
+        return "–"
+    unit = row.get("unit")
+    if unit == "bytes":
+        return f"{v / 2**20:,.1f} MiB"
+    if unit == "s":
+        return f"{v * 1e3:,.2f} ms"
+    if unit == "samples/s":
+        return f"{v:,.1f} samples/s"
+    return f"{v:.4g}"

@@ -1,4 +1,4 @@
-"""`write_reports`: every report file of a run, in its run directory."""
+"""`write_reports`: every report file of a run, in its run directory; `write_tuning_reports`: a study's."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from ..rundir import RunDir
 from ._info import ReportInfo, build_report_info
 from ._json import write_json
 from ._markdown import write_markdown
+from ._tuning import TuningInfo
 
-__all__ = ["REPORT_FORMATS", "write_reports"]
+__all__ = ["REPORT_FORMATS", "TUNING_REPORT_FORMATS", "write_reports", "write_tuning_reports"]
 
 #: Formats `write_reports` knows: json, md, html (report.*) and csv, parquet (steps.*, comm.*).
 REPORT_FORMATS = ("json", "md", "html", "csv", "parquet")
+#: Formats `write_tuning_reports` knows: STUDY/report.json, report.md, report.html.
+TUNING_REPORT_FORMATS = ("json", "md", "html")
 
 
 def write_reports(
@@ -73,4 +76,48 @@ def write_reports(
 
         assert frames is not None
         paths.update(write_tables(frames, report, tables))
+    return paths
+
+
+def write_tuning_reports(
+    info: TuningInfo,
+    out_dir: str | os.PathLike[str],
+    *,
+    formats: Sequence[str] = TUNING_REPORT_FORMATS,
+) -> dict[str, Path]:
+    """Write a study's report files, `report.json`, `report.md` and `report.html`, into `out_dir`.
+
+    Args:
+        info: The study's TuningInfo (`get_tuning_info`).
+        out_dir: Where to write them (the study directory for the main job; created if missing).
+        formats: Any of TUNING_REPORT_FORMATS; all three by default.
+
+    Returns:
+        "json", "md", "html" -> the paths written.
+
+    Raises:
+        ConfigError: an unknown format.
+
+    Example:
+        >>> paths = write_tuning_reports(get_tuning_info(study), study)  # doctest: +SKIP
+        >>> paths["html"].name  # doctest: +SKIP
+        'report.html'
+    """
+    for f in formats:
+        if f not in TUNING_REPORT_FORMATS:
+            raise invalid("study report format", f"one of {', '.join(TUNING_REPORT_FORMATS)}", f)
+    out = Path(out_dir)
+    paths: dict[str, Path] = {}
+    if "json" in formats:
+        from ._json import _write_atomic
+
+        paths["json"] = _write_atomic(out / "report.json", info.to_json())
+    if "md" in formats:
+        from ._tuning_markdown import write_tuning_markdown
+
+        paths["md"] = write_tuning_markdown(info, out / "report.md")
+    if "html" in formats:
+        from ._tuning_html import write_tuning_html
+
+        paths["html"] = write_tuning_html(info, out / "report.html")
     return paths

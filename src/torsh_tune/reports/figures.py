@@ -35,6 +35,19 @@ Public functions:
 - `downsample(x, y, *, max_points) -> Downsampled`: the bucket aggregation all of them
   use (first x, min, median, max of y per bucket of consecutive points).
 
+Figures of a study (a `TuningInfo`, from `get_tuning_info(study_dir)`):
+
+- `get_optimization_history_info(info) -> OptimizationHistoryInfo`,
+  `plot_optimization_history(info)`: throughput per trial, the best feasible so far, the
+  baseline's median and its noise band (slowest to fastest baseline run).
+- `get_importance_info(info) -> ImportanceInfo`, `plot_importances(info)`: parameter
+  importances as bars (`TuningInfo.importances`: adjusted eta^2 of log throughput).
+- `get_parallel_coordinates_info(info) -> ParallelCoordinatesInfo`,
+  `plot_parallel_coordinates(info)`: the completed trials over the parameters that varied.
+- `get_pareto_front_info(info) -> ParetoFrontInfo`, `plot_pareto_front(info)`: throughput
+  vs loss deviation with the Pareto front of a throughput+loss study.
+- `build_tuning_figures(info) -> dict[str, Figure]`: those, keyed as `TUNING_FIGURE_TITLES`.
+
 Example:
     >>> from torsh_tune.analysis import load_run  # doctest: +SKIP
     >>> frames = load_run("torsh-runs/20250101-120000-train-ab12")  # doctest: +SKIP
@@ -53,6 +66,7 @@ import pandas as pd
 
 from ..analysis import PHASES, RunFrames, phase_frame
 from ._format import PHASE_LABELS
+from ._tuning import TuningInfo
 
 if TYPE_CHECKING:  # plotly is loaded lazily, by the plot functions only
     import plotly.graph_objects as go
@@ -61,29 +75,44 @@ __all__ = [
     "DEFAULT_MAX_POINTS",
     "FIGURE_TITLES",
     "PHASE_COLORS",
+    "TUNING_FIGURE_TITLES",
     "BreakdownInfo",
     "CommTimelineInfo",
     "Downsampled",
+    "ImportanceInfo",
     "LossInfo",
+    "OptimizationHistoryInfo",
     "OverlapInfo",
+    "ParallelAxis",
+    "ParallelCoordinatesInfo",
+    "ParetoFrontInfo",
     "RankHeatmapInfo",
     "RankResourceSeries",
     "ResourceInfo",
     "StepSeriesInfo",
     "build_figures",
+    "build_tuning_figures",
     "downsample",
     "get_breakdown_info",
     "get_comm_timeline_info",
+    "get_importance_info",
     "get_loss_info",
+    "get_optimization_history_info",
     "get_overlap_info",
+    "get_parallel_coordinates_info",
+    "get_pareto_front_info",
     "get_rank_heatmap_info",
     "get_resource_info",
     "get_step_series_info",
     "plot_breakdown",
     "plot_comm_timeline",
+    "plot_importances",
     "plot_loss",
     "plot_memory",
+    "plot_optimization_history",
     "plot_overlap",
+    "plot_parallel_coordinates",
+    "plot_pareto_front",
     "plot_rank_heatmap",
     "plot_step_series",
     "plot_utilization",
@@ -775,3 +804,319 @@ def build_figures(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) ->
         "utilization": plot_utilization(resources),
         "loss": plot_loss(get_loss_info(frames, max_points=max_points)),
     }
+
+
+# -- study figures (a TuningInfo) -------------------------------------------------------------
+
+#: Keys of `build_tuning_figures`, in display order, with their titles.
+TUNING_FIGURE_TITLES = {
+    "history": "Optimisation history",
+    "importances": "Parameter importances",
+    "parallel": "Parameters of the completed trials",
+    "pareto": "Pareto front: throughput vs loss deviation",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizationHistoryInfo:
+    """Objective per trial, the best feasible one so far, and the baseline's noise band."""
+
+    number: tuple[int, ...]  # every trial
+    samples_s: _FloatTuple  # NaN unless COMPLETE
+    feasible: tuple[bool, ...]  # COMPLETE and within the constraints
+    state: tuple[str, ...]
+    best_samples_s: _FloatTuple  # NaN before the first feasible trial
+    baseline_samples_s: float | None  # median of the baseline runs
+    band_low_samples_s: float | None  # slowest baseline run
+    band_high_samples_s: float | None  # fastest baseline run
+    beat_samples_s: float | None  # median x (1 + noise): what a confirmed speedup must exceed
+
+    @property
+    def empty(self) -> bool:
+        return not any(math.isfinite(v) for v in self.samples_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportanceInfo:
+    """Parameter importances, most important first (see `TuningInfo.importances`)."""
+
+    names: tuple[str, ...]
+    importance: _FloatTuple  # normalised, sums to 1 over the scored parameters
+    eta_squared: _FloatTuple
+    num_groups: tuple[int, ...]
+    method: str
+    num_trials: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.names
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelAxis:
+    """One axis of the parallel-coordinates figure: numbers, or categories coded 0..k-1."""
+
+    name: str
+    values: _FloatTuple  # one per trial
+    tickvals: _FloatTuple  # categorical axes only
+    ticktext: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelCoordinatesInfo:
+    """The completed trials over the parameters that varied, coloured by throughput."""
+
+    number: tuple[int, ...]
+    axes: tuple[ParallelAxis, ...]  # the parameters that took more than one value
+    samples_s: _FloatTuple  # the last axis and the colour
+
+    @property
+    def empty(self) -> bool:
+        return not self.number
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParetoFrontInfo:
+    """Completed trials in throughput vs loss deviation, the Pareto front marked."""
+
+    number: tuple[int, ...]
+    samples_s: _FloatTuple
+    loss_deviation_pct: _FloatTuple
+    feasible: tuple[bool, ...]
+    on_front: tuple[bool, ...]
+    front_number: tuple[int, ...]  # the front, by increasing loss deviation (its drawing order)
+    loss_tolerance_pct: float | None
+
+    @property
+    def empty(self) -> bool:
+        return not self.front_number
+
+
+def get_optimization_history_info(info: TuningInfo) -> OptimizationHistoryInfo:
+    """The objective of every trial in number order, the best feasible so far and the baseline band.
+
+    Example:
+        >>> h = get_optimization_history_info(get_tuning_info("tests/data/study_small"))
+        >>> h.number[:3], h.state[1]
+        ((0, 1, 2), 'FAIL')
+    """
+    h, b = info.history, info.baseline or {}
+    return OptimizationHistoryInfo(
+        number=tuple(int(n) for n in h.get("number", ())),
+        samples_s=_floats([_nan(v) for v in h.get("samples_s", ())]),
+        feasible=tuple(bool(v) for v in h.get("feasible", ())),
+        state=tuple(str(s) for s in h.get("state", ())),
+        best_samples_s=_floats([_nan(v) for v in h.get("best_samples_s", ())]),
+        baseline_samples_s=b.get("median_samples_s"),
+        band_low_samples_s=b.get("low_samples_s"),
+        band_high_samples_s=b.get("high_samples_s"),
+        beat_samples_s=b.get("beat_samples_s"),
+    )
+
+
+def get_importance_info(info: TuningInfo) -> ImportanceInfo:
+    """The scored parameters of `TuningInfo.importances`, most important first."""
+    imp = info.importances
+    rows = [r for r in imp.get("params", ()) if r.get("importance") is not None]
+    return ImportanceInfo(
+        names=tuple(r["name"] for r in rows),
+        importance=_floats([r["importance"] for r in rows]),
+        eta_squared=_floats([r["eta_squared"] for r in rows]),
+        num_groups=tuple(int(r["num_groups"]) for r in rows),
+        method=str(imp.get("method", "")),
+        num_trials=int(imp.get("num_trials", 0)),
+    )
+
+
+def get_parallel_coordinates_info(info: TuningInfo) -> ParallelCoordinatesInfo:
+    """Completed trials on one axis per parameter that varied among them.
+
+    Numeric parameters are plotted as numbers; booleans, strings and parameters that some
+    trials lack (conditional ones, shown as "—") as categories in value order.
+    """
+    done = [t for t in info.trials if t.get("samples_s") is not None]
+    axes = []
+    for name in info.params:
+        values = [t["params"].get(name) for t in done]
+        if len({repr(v) for v in values}) < 2:
+            continue
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            axes.append(ParallelAxis(name=name, values=_floats(values), tickvals=(), ticktext=()))
+            continue
+        order = sorted({repr(v): v for v in values}.values(), key=_category_key)
+        code = {repr(v): float(i) for i, v in enumerate(order)}
+        axes.append(ParallelAxis(name=name, values=tuple(code[repr(v)] for v in values),
+                                 tickvals=tuple(code.values()), ticktext=tuple(_category_text(v) for v in order)))
+    return ParallelCoordinatesInfo(number=tuple(int(t["number"]) for t in done), axes=tuple(axes),
+                                   samples_s=_floats([t["samples_s"] for t in done]))
+
+
+def get_pareto_front_info(info: TuningInfo) -> ParetoFrontInfo:
+    """Every completed trial with a loss deviation, and the Pareto front of a throughput+loss study.
+
+    Empty (`front_number == ()`) for a single-objective study, which has no front.
+    """
+    front = {p["number"] for p in info.pareto}
+    pts = [t for t in info.trials if t.get("samples_s") is not None and t.get("loss_deviation") is not None]
+    by_loss = sorted((p for p in info.pareto if p.get("loss_deviation") is not None),
+                     key=lambda p: (p["loss_deviation"], -(p["samples_s"] or 0.0)))
+    tol = info.study.get("loss_tolerance")
+    return ParetoFrontInfo(
+        number=tuple(int(t["number"]) for t in pts),
+        samples_s=_floats([t["samples_s"] for t in pts]),
+        loss_deviation_pct=_floats([100.0 * t["loss_deviation"] for t in pts]),
+        feasible=tuple(t.get("constraint_status") != "violated" for t in pts),
+        on_front=tuple(t["number"] in front for t in pts),
+        front_number=tuple(int(p["number"]) for p in by_loss),
+        loss_tolerance_pct=100.0 * tol if tol is not None else None,
+    )
+
+
+def _nan(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _category_key(v: Any) -> tuple[int, Any]:
+    if v is None:
+        return (0, 0)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (1, v)
+    return (2, str(v))
+
+
+def _category_text(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def plot_optimization_history(info: OptimizationHistoryInfo) -> "go.Figure":
+    """Throughput per trial (feasible, outside a constraint), best so far, baseline median and noise band.
+
+    The y axis is logarithmic when the trials span more than a factor 20 (a hopeless trial
+    would flatten the others otherwise).
+    """
+    import plotly.graph_objects as go
+
+    fig = _new_figure(TUNING_FIGURE_TITLES["history"])
+    fig.update_layout(hovermode="closest")
+    if info.empty:
+        return _no_data(fig, "completed trials")
+    x, y = list(info.number), list(info.samples_s)
+    ok = [i for i, v in enumerate(y) if math.isfinite(v) and info.feasible[i]]
+    bad = [i for i, v in enumerate(y) if math.isfinite(v) and not info.feasible[i]]
+    if info.band_low_samples_s is not None and info.band_high_samples_s is not None:
+        lo, hi = info.band_low_samples_s, info.band_high_samples_s
+        fig.add_trace(go.Scatter(x=[x[0] - 0.5, x[-1] + 0.5, x[-1] + 0.5, x[0] - 0.5, x[0] - 0.5],
+                                 y=[lo, lo, hi, hi, lo], fill="toself", mode="lines", line=dict(width=0),
+                                 fillcolor="rgba(153,153,153,0.3)", hoverinfo="skip",
+                                 name="baseline runs (noise band)"))
+    if info.baseline_samples_s is not None:
+        fig.add_trace(go.Scatter(x=[x[0] - 0.5, x[-1] + 0.5], y=[info.baseline_samples_s] * 2, mode="lines",
+                                 line=dict(color="#555", dash="dash"), name="baseline median"))
+    fig.add_trace(go.Scatter(x=[x[i] for i in ok], y=[y[i] for i in ok], mode="markers", name="trial",
+                             marker=dict(color="#0072B2", size=9),
+                             hovertemplate="trial %{x}: %{y:,.1f} samples/s<extra></extra>"))
+    if bad:
+        fig.add_trace(go.Scatter(x=[x[i] for i in bad], y=[y[i] for i in bad], mode="markers",
+                                 name="outside a constraint", marker=dict(color="#999", size=9, symbol="x"),
+                                 hovertemplate="trial %{x}: %{y:,.1f} samples/s (constraint)<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=list(info.best_samples_s), mode="lines", line=dict(color="#D55E00", shape="hv"),
+                             name="best so far"))
+    finite = [v for v in y if math.isfinite(v) and v > 0]
+    log = bool(finite) and max(finite) / min(finite) > 20
+    fig.update_xaxes(title_text="trial", dtick=1 if len(x) <= 30 else None)
+    fig.update_yaxes(title_text="samples/s" + (" (log)" if log else ""), type="log" if log else "linear",
+                     rangemode="normal" if log else "tozero")
+    return fig
+
+
+def plot_importances(info: ImportanceInfo) -> "go.Figure":
+    """Horizontal bars, the most important parameter on top."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(TUNING_FIGURE_TITLES["importances"])
+    fig.update_layout(hovermode="closest", height=max(260, 120 + 32 * len(info.names)))
+    if info.empty:
+        return _no_data(fig, "parameter that varied over completed trials")
+    fig.add_trace(go.Bar(
+        x=list(info.importance), y=list(info.names), orientation="h", marker=dict(color="#0072B2"),
+        name="importance", customdata=[[e, g] for e, g in zip(info.eta_squared, info.num_groups)],
+        hovertemplate="%{y}: %{x:.2f} (eta² %{customdata[0]:.2f}, %{customdata[1]} groups)<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text=f"share of log-throughput variance explained ({info.num_trials} completed trials)",
+                     range=[0, 1])
+    return fig
+
+
+def plot_parallel_coordinates(info: ParallelCoordinatesInfo) -> "go.Figure":
+    """One line per completed trial across its parameters and throughput, coloured by throughput."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(TUNING_FIGURE_TITLES["parallel"])
+    fig.update_layout(margin=dict(l=80, r=80, t=90, b=40))
+    if info.empty:
+        return _no_data(fig, "completed trials")
+    dims = []
+    for a in info.axes:
+        d: dict[str, Any] = dict(label=a.name, values=list(a.values))
+        if a.ticktext:
+            d.update(tickvals=list(a.tickvals), ticktext=list(a.ticktext))
+        dims.append(d)
+    dims.append(dict(label="samples/s", values=list(info.samples_s)))
+    fig.add_trace(go.Parcoords(line=dict(color=list(info.samples_s), colorscale="Viridis", showscale=True,
+                                         colorbar=dict(title="samples/s")), dimensions=dims))
+    return fig
+
+
+def plot_pareto_front(info: ParetoFrontInfo) -> "go.Figure":
+    """Throughput vs loss deviation (%): every completed trial, the front joined, the tolerance dashed."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(TUNING_FIGURE_TITLES["pareto"])
+    fig.update_layout(hovermode="closest")
+    if info.empty:
+        return _no_data(fig, "Pareto front (a throughput+loss study has one)")
+    idx = {n: i for i, n in enumerate(info.number)}
+    off = [i for i in range(len(info.number)) if not info.on_front[i]]
+    fig.add_trace(go.Scatter(
+        x=[info.loss_deviation_pct[i] for i in off], y=[info.samples_s[i] for i in off], mode="markers",
+        name="other trials", marker=dict(color=["#999" if not info.feasible[i] else "#56B4E9" for i in off], size=9),
+        customdata=[info.number[i] for i in off],
+        hovertemplate="trial %{customdata}: %{y:,.1f} samples/s, loss %{x:.3g} % off<extra></extra>"))
+    front = [idx[n] for n in info.front_number if n in idx]
+    fig.add_trace(go.Scatter(
+        x=[info.loss_deviation_pct[i] for i in front], y=[info.samples_s[i] for i in front], mode="lines+markers",
+        name="Pareto front", line=dict(color="#D55E00", shape="hv"), marker=dict(size=11),
+        customdata=[info.number[i] for i in front],
+        hovertemplate="trial %{customdata}: %{y:,.1f} samples/s, loss %{x:.3g} % off<extra></extra>"))
+    xlabel = "loss deviation from the baseline (%)"
+    tol = info.loss_tolerance_pct
+    if tol is not None and max(info.loss_deviation_pct, default=0.0) >= tol / 4:
+        fig.add_vline(x=tol, line_dash="dash", line_color="#555", annotation_text="loss tolerance")
+    elif tol is not None:  # drawn, the line would squeeze every point against the axis
+        xlabel += f"; tolerance {tol:.3g} %, far right of the chart"
+    fig.update_xaxes(title_text=xlabel, rangemode="tozero")
+    fig.update_yaxes(title_text="samples/s", rangemode="tozero")
+    return fig
+
+
+def build_tuning_figures(info: TuningInfo) -> dict[str, "go.Figure"]:
+    """The study's figures, keyed and ordered as `TUNING_FIGURE_TITLES`; "pareto" only with a front.
+
+    Example:
+        >>> figs = build_tuning_figures(get_tuning_info("tests/data/study_small"))  # doctest: +SKIP
+        >>> list(figs)  # doctest: +SKIP
+        ['history', 'importances', 'parallel']
+    """
+    figs = {
+        "history": plot_optimization_history(get_optimization_history_info(info)),
+        "importances": plot_importances(get_importance_info(info)),
+        "parallel": plot_parallel_coordinates(get_parallel_coordinates_info(info)),
+    }
+    pareto = get_pareto_front_info(info)
+    if not pareto.empty:
+        figs["pareto"] = plot_pareto_front(pareto)
+    return figs
