@@ -224,8 +224,13 @@ class TuneResult:
         return d
 
 
-def make_sampler(name: str, *, seed: int | None):
+def make_sampler(name: str, *, seed: int | None, n_trials: int | None = None):
     """The Optuna sampler called `name` (one of `SAMPLERS`).
+
+    TPE's random start-up is scaled to the budget (`n_trials // 5`, between 3 and Optuna's
+    10): with the default 10, a 20-trial study is random search for half its trials.
+    Measured on the 1 Gbit/s comm-bound grid (benchmarks/tuner_efficiency.py, 1000 seeds):
+    95 % of the optimum within 9 trials for 78-80 % of seeds instead of 60 %.
 
     Raises:
         ConfigError: Unknown name, or its optional dependency (scipy for gp, cmaes for
@@ -234,7 +239,8 @@ def make_sampler(name: str, *, seed: int | None):
     import optuna
 
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        startup = 10 if n_trials is None else min(10, max(3, n_trials // 5))
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
@@ -379,7 +385,7 @@ def tune(
         raise invalid("objectives", "('throughput',) or ('throughput', 'loss')", objectives)
     if not Path(script).is_file():
         raise invalid("script", "an existing file", str(script))
-    optuna_sampler = make_sampler(sampler, seed=seed)
+    optuna_sampler = make_sampler(sampler, seed=seed, n_trials=n_trials)
     run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
     optuna_pruner, prune_percentile = _pruner(
         pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=pruner_percentile,
