@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
+from torsh_tune.launch import ENV_RUN_ID
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "data" / "scripts"
 EXAMPLES = REPO / "examples"
@@ -36,3 +40,15 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
     cmd = [sys.executable, "-m", "torsh_tune.cli", *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, **(env or {})))
+
+
+def run_survivors(run_id: str) -> list[int]:
+    """Live processes carrying the run's marker (checked independently of the launcher)."""
+    pids = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(ENV_RUN_ID) == run_id:
+                pids.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return pids

@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 
 from torsh_tune.autotune import tune
 from torsh_tune.autotune.runner import run_measured
 from torsh_tune.config import RunConfig
-from torsh_tune.launch import ENV_RUN_ID, kill_run_processes
+from torsh_tune.launch import kill_run_processes
 from torsh_tune.rundir import new_run_dir
+
+from helpers import run_survivors
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,18 +40,6 @@ def _config(patch: dict | None = None) -> RunConfig:
         "budget": {"steps": 5, "warmup_steps": 2, "kill_grace_s": 1.0},
     })
     return base.apply_patch(patch or {})
-
-
-def _survivors(run_id: str) -> list[int]:
-    """Live processes carrying the run's marker (checked independently of the launcher)."""
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(ENV_RUN_ID) == run_id:
-                pids.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return pids
 
 
 def _run_info(run_dir: str | Path) -> dict:
@@ -88,7 +77,7 @@ def test_each_failure_kind_is_classified_with_its_reason_and_leaves_no_process(t
     assert any(tail in line for line in run.stderr_tail), run.stderr_tail
     assert run.samples_s is None  # never zero throughput
     assert info["status"] == status and info["outcome"]["status"] == status
-    assert _survivors(info["run_id"]) == []
+    assert run_survivors(info["run_id"]) == []
 
 
 # -- a study whose trials fail in different ways -------------------------------------------
@@ -137,7 +126,7 @@ def test_study_goes_on_past_failed_trials_and_records_why(tmp_path: Path) -> Non
     assert [r["objective_samples_s"] for r in rows[1:]] == ["", "", ""]  # never 0
     assert [r["failure_reason"].split(":")[0] for r in rows[1:]] == ["script_error", "oom", "signal"]
     for t in result.trials:
-        assert _survivors(_run_info(t.run_dir)["run_id"]) == []
+        assert run_survivors(_run_info(t.run_dir)["run_id"]) == []
 
 
 # -- the tuner killed, resumed, interrupted ------------------------------------------------
@@ -172,7 +161,7 @@ def _wait_for_hang(proc: subprocess.Popen, trial_dir: Path, timeout_s: float = 9
 
 def _gone_within(run_id: str, timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
-    while (left := _survivors(run_id)) and time.monotonic() < deadline:
+    while (left := run_survivors(run_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -214,7 +203,7 @@ def test_resume_after_sigkill_loses_no_completed_trial_and_ctrl_c_stops_cleanly(
     root, study_dir, journal = killed_tuner["root"], killed_tuner["study_dir"], killed_tuner["journal"]
     before = {t.number: t for t in killed_tuner["before"]}
     assert before[0].state.name == "COMPLETE" and before[1].state.name == "RUNNING"
-    assert _survivors(killed_tuner["run_id"]) == []  # the fixture's clean-up
+    assert run_survivors(killed_tuner["run_id"]) == []  # the fixture's clean-up
 
     # --resume: trial 1 was left RUNNING (stale); trial 2 runs, hangs and gets Ctrl-C.
     log = (root / "tuner-2.log").open("w")
@@ -230,7 +219,7 @@ def test_resume_after_sigkill_loses_no_completed_trial_and_ctrl_c_stops_cleanly(
             proc.wait()
     output = (root / "tuner-2.log").read_text()
     assert returncode == 130, output
-    assert _survivors(run_id) == []  # the interrupted trial's processes are gone
+    assert run_survivors(run_id) == []  # the interrupted trial's processes are gone
     assert _run_info(study_dir / "trials" / "0002")["status"] == "interrupted"
 
     # The report is written from what exists.
@@ -263,5 +252,5 @@ def test_ctrl_c_during_the_baseline_exits_130(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert _survivors(run_id) == []  # holds today: the supervisor stops the run
+    assert run_survivors(run_id) == []  # holds today: the supervisor stops the run
     assert (proc.returncode, "error" in output) == (130, False), output

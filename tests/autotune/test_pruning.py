@@ -13,7 +13,6 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
-import psutil
 import pytest
 
 from torsh_tune.autotune import (
@@ -26,7 +25,9 @@ from torsh_tune.autotune import (
 )
 from torsh_tune.config import RunConfig
 from torsh_tune.errors import ConfigError
-from torsh_tune.launch import ENV_RUN_ID, Progress, find_run_processes
+from torsh_tune.launch import Progress, find_run_processes
+
+from helpers import run_survivors
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_tune.py"
 SPEC = {"ddp.bucket_cap_mb": {"choices": [25.0, 75.0]}, "compression.method": {"value": "none"}}
@@ -39,18 +40,6 @@ BASE = RunConfig.from_dict({
 STEPS, WARMUP = 10, 2
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _survivors(run_id: str) -> list[int]:
-    """Live processes carrying the run's marker (checked independently of the launcher)."""
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(ENV_RUN_ID) == run_id:
-                pids.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +73,7 @@ def test_a_hopeless_trial_is_pruned_and_nothing_of_it_survives(pruned):
     assert set(run["outcome"]["ranks"].values()) == {"stopped"}
     lines = (Path(slow.run_dir) / "ranks" / "rank00000.steps.jsonl").read_text().splitlines()
     assert len(lines) < WARMUP + STEPS
-    assert _survivors(run["run_id"]) == [] and find_run_processes(run["run_id"]) == []
+    assert run_survivors(run["run_id"]) == [] and find_run_processes(run["run_id"]) == []
     with open(study_dir / "trials.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["state"] for r in rows] == ["COMPLETE", "PRUNED"]

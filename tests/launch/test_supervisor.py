@@ -13,8 +13,10 @@ import psutil
 import pytest
 
 from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
-from torsh_tune.launch import ENV_RUN_ID, Progress, RunOutcome, launch_run
+from torsh_tune.launch import Progress, RunOutcome, launch_run
 from torsh_tune.rundir import RunDir, new_run_dir
+
+from helpers import run_survivors
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,18 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 def _config(**budget: float) -> RunConfig:
     budget.setdefault("kill_grace_s", 1.0)
     return RunConfig(launch=LaunchConfig(nproc_per_node=2), budget=BudgetConfig(**budget))
-
-
-def _survivors(run_id: str) -> list[int]:
-    """Live processes carrying the run's marker (checked independently of the launcher)."""
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(ENV_RUN_ID) == run_id:
-                pids.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return pids
 
 
 class Launched:
@@ -62,7 +52,7 @@ def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] 
                          on_progress=record)
     launched = Launched(outcome, rd, lines, progress)
     # whatever happened, nothing of the run survives and run.json tells how it ended
-    assert _survivors(launched.info["run_id"]) == []
+    assert run_survivors(launched.info["run_id"]) == []
     assert launched.info["status"] == outcome.status
     assert launched.info["outcome"] == json.loads(json.dumps(outcome.to_dict()))
     assert launched.info["finished_at"] is not None
@@ -265,4 +255,4 @@ def test_sigterm_to_the_supervisor_stops_the_job(tmp_path: Path) -> None:
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert "STATUS interrupted the supervisor received SIGTERM" in rest, seen + [rest]
     assert info["status"] == "interrupted"
-    assert _survivors(info["run_id"]) == []
+    assert run_survivors(info["run_id"]) == []
