@@ -27,6 +27,7 @@ from torsh_tune.config import PipelineConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.strategies.pipeline import build_pipeline, chain_segments, stage_indices_of, theoretical_bubble_pct
 
+from data.scripts._pipeline_model import DEPTH, Net
 from helpers import SCRIPTS
 
 SCRIPT = SCRIPTS / "strategy_pipeline.py"
@@ -34,28 +35,11 @@ LAUNCH_TIMEOUT_S = 240
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv")
 LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzb", "zbv")
 BUBBLE_RUNS = ("gpipe:2", "gpipe:8", "1f1b:8", "interleaved1f1b:8", "loopedbfs:8", "interleavedzb:8", "zbv:8")
-DEPTH = 8
 PARAM_NAMES = {"embed.weight", "embed.bias", "head.weight", "head.bias",
                *(f"blocks.{i}.0.{k}" for i in range(DEPTH) for k in ("weight", "bias"))}
 
 
-class _Net(nn.Module):
-    """The launch script's model: a chain of children."""
-
-    def __init__(self, width: int = 32):
-        super().__init__()
-        self.embed = nn.Linear(8, width)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(DEPTH))
-        self.head = nn.Linear(width, 1)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
-class _Residual(_Net):
+class _Residual(Net):
     def forward(self, x):
         x = self.embed(x)
         for block in self.blocks:
@@ -64,7 +48,7 @@ class _Residual(_Net):
 
 
 def _build(cfg: PipelineConfig, *, world_size: int = 2, split_points: list[str] | None = None, model=None):
-    return build_pipeline(model or _Net(), cfg, loss_fn=nn.functional.mse_loss, example_inputs=torch.randn(4, 8),
+    return build_pipeline(model or Net(), cfg, loss_fn=nn.functional.mse_loss, example_inputs=torch.randn(4, 8),
                           device="cpu", rank=0, world_size=world_size, split_points=split_points)
 
 
@@ -85,7 +69,7 @@ def _launch(tmp_path_factory, name: str, nproc: int, *args: str) -> list[dict]:
 
 # -- the split and the theory (fast, no processes) ----------------------------------------------
 def test_chain_segments_walk_module_lists_and_sequentials_in_order():
-    names = [name for name, _ in chain_segments(_Net())]
+    names = [name for name, _ in chain_segments(Net())]
     assert names[:3] == ["embed", "blocks.0.0", "blocks.0.1"] and names[-1] == "head" and len(names) == 2 + 2 * DEPTH
 
 

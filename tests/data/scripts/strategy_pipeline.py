@@ -20,6 +20,8 @@ from torsh_tune.config import PipelineConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.strategies.pipeline import build_pipeline
 
+from _pipeline_model import DEPTH, Net
+
 p = argparse.ArgumentParser()
 p.add_argument("--schedules", default="gpipe,1f1b,interleaved1f1b,loopedbfs,interleavedzb,zbv")
 p.add_argument("--microbatches", type=int, default=4)
@@ -32,21 +34,6 @@ args = p.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-DEPTH = 8
-
-
-class Net(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.embed = nn.Linear(8, width)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(DEPTH))
-        self.head = nn.Linear(width, 1)
-
-    def forward(self, x):
-        x = self.embed(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def split_points(num_stages: int) -> list[str]:
