@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from torsh_tune.autotune import TuneResult, tune
+from torsh_tune.autotune.objective import effective_settings
 from torsh_tune.config import RunConfig, load_config_file
 from torsh_tune.errors import ConfigError
 from torsh_tune.launch import find_run_processes
@@ -75,6 +76,14 @@ def test_baseline_confirmation_and_result_files(study):
     assert len(result.confirmations) == 1
     c = result.confirmations[0]
     assert len(c.run_dirs) == 1 and len(c.ratios) == 1
+    # Trial 0 spells out the defaults the baseline ran with (bucket cap 25, no workers, one
+    # thread): the same job, so it is never confirmed against the baseline, however it ranked.
+    base = effective_settings(result.baseline.run_dirs[0])
+    assert base is not None and base["ddp"][0]["bucket_cap_mb"] == 25.0 and base["dataloaders"]
+    assert effective_settings(result.trials[0].run_dir) == base != effective_settings(result.trials[2].run_dir)
+    assert c.trial_number == 2
+    if result.trials[0].samples_s > result.trials[2].samples_s:
+        assert any(n.startswith("trial 0 not confirmed") for n in result.confirmation_notes)
     assert c.ci_low <= c.speedup <= c.ci_high
     # With one pair the CI is a point: a speedup is reported only if it clears the noise.
     assert c.better == (c.ci_low > 1 and c.speedup - 1 > result.baseline.noise_rel)

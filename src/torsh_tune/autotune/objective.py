@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from ..analysis import load_run
 __all__ = [
     "Measurement",
     "Throughput",
+    "effective_settings",
     "loss_by_step",
     "loss_deviation",
     "measure_run",
@@ -201,3 +203,37 @@ def measure_run(run_dir: str | os.PathLike[str]) -> Measurement:
         warnings=frames.warnings,
     )
 
+
+
+# What identifies a DDP model's setup in meta.json `ddp_models` (the rest are sizes and timings).
+_DDP_SETTINGS = ("bucket_cap_mb", "first_bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
+                 "find_unused_parameters", "broadcast_buffers", "comm_hook")
+
+
+def effective_settings(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The settings a run really ran with: what the ranks recorded, else what was configured.
+
+    A trial that spells out PyTorch's defaults (`bucket_cap_mb = 25`, 0 workers, ...) and a
+    baseline that leaves them unset run the same job; their configs differ, this does not.
+    DDP from meta.json `ddp_models` (bucket caps, gradient views, static graph, comm hook),
+    DataLoaders from `dataloaders` (workers, prefetch, pin_memory as run), threads from
+    `omp_num_threads`/`num_threads`; the strategy's other sections and the launch
+    environment (less OMP_NUM_THREADS) from config.json.
+
+    Returns:
+        A JSON-comparable dict, or None when rank 0 left no meta.json (nothing to compare).
+    """
+    frames = load_run(run_dir)
+    meta = frames.meta.get(0)
+    if meta is None:
+        return None
+    strategy = {k: v for k, v in (frames.config.get("strategy") or {}).items() if k not in ("ddp", "dataloader")}
+    env = dict((frames.config.get("launch") or {}).get("env") or {})
+    env.pop("OMP_NUM_THREADS", None)
+    return {
+        "strategy": strategy,
+        "env": env,
+        "ddp": [{k: m.get(k) for k in _DDP_SETTINGS} for m in meta.get("ddp_models", ())],
+        "dataloaders": meta.get("dataloaders"),
+        "threads": (meta.get("omp_num_threads"), meta.get("num_threads")),
+    }

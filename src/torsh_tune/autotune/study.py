@@ -45,7 +45,7 @@ import pandas as pd
 from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..rundir import RunDir, write_json_atomic, write_text_atomic
-from .objective import loss_deviation, trial_constraints
+from .objective import effective_settings, loss_deviation, trial_constraints
 from .pruning import PRUNERS, TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
@@ -200,6 +200,8 @@ class TuneResult:
         files: Name -> path of best.toml, trials.csv, trials.parquet, result.json.
         objectives: The study's objectives, e.g. ("throughput",) or ("throughput", "loss").
         pareto: The Pareto front, fastest first (multi-objective studies; empty otherwise).
+        confirmation_notes: Why top trials were passed over for the confirmation (e.g. a
+            trial that ran with the baseline's own settings: its lead can only be noise).
     """
 
     study_name: str
@@ -217,6 +219,7 @@ class TuneResult:
     files: dict[str, str] = field(default_factory=dict)
     objectives: tuple[str, ...] = ("throughput",)
     pareto: tuple[ParetoTrial, ...] = ()
+    confirmation_notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -503,19 +506,26 @@ def tune(
 
     # -- confirmation --------------------------------------------------------------------
     confirmations: list[Confirmation] = []
+    confirm_notes: list[str] = []
     if not interrupted and confirm_top > 0:
         rng = np.random.default_rng(seed)
         base_dict = run_config.to_dict()
         seen: set[str] = set()
         candidates = []
+        base_settings = _baseline_settings(baseline.run_dirs)
         # Multi-objective: only the Pareto front (feasible by construction), fastest first.
         on_front = {p.number for p in pareto}
         for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"
                          and (not multi or t.number in on_front)),
                         key=lambda t: -(t.samples_s or 0.0)):
             key = json.dumps(t.params, sort_keys=True)
-            # The baseline against itself confirms nothing.
+            # The baseline against itself confirms nothing: neither the same config nor one
+            # that only spells out the defaults the baseline ran with (its recorded settings).
             if key in seen or space.to_config(run_config, t.params).to_dict() == base_dict:
+                continue
+            if base_settings is not None and t.run_dir and _settings_of(t.run_dir) == base_settings:
+                confirm_notes.append(f"trial {t.number} not confirmed: it ran with the baseline's own settings "
+                                     f"({t.samples_s:.4g} vs {baseline.median_samples_s:.4g} samples/s is noise)")
                 continue
             seen.add(key)
             candidates.append(t)
@@ -566,6 +576,7 @@ def tune(
         files={name: str(root / name) for name in ("best.toml", "trials.csv", "trials.parquet", "result.json")},
         objectives=objectives,
         pareto=pareto,
+        confirmation_notes=tuple(confirm_notes),
     )
     write_text_atomic(root / "best.toml", dump_toml(best_config))
     _write_trials_csv(root / "trials.csv", trials)
@@ -719,6 +730,18 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
         run_dirs=tuple(stored["run_dirs"]),
         max_microbatches=stored.get("max_microbatches"),
     )
+
+
+def _settings_of(run_dir: str) -> dict[str, Any] | None:
+    try:
+        return effective_settings(run_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def _baseline_settings(run_dirs: Sequence[str]) -> dict[str, Any] | None:
+    """The settings the baseline ran with (its first run that recorded them)."""
+    return next((s for s in map(_settings_of, run_dirs) if s is not None), None)
 
 
 def _stop_stale_runs(root: Path) -> None:

@@ -208,6 +208,7 @@ def get_tuning_info(
     baseline = _baseline(doc.get("baseline"), locate)
     pareto = [_pareto_row(p) for p in doc.get("pareto") or []]
     confirmations = [_confirmation_row(c, locate) for c in doc.get("confirmations") or []] if source != "storage" else []
+    warnings.extend(str(n) for n in doc.get("confirmation_notes") or ())
     on_front = {p["number"] for p in pareto}
     confirmed = {c["trial"]: c["speedup"] for c in confirmations}
     median = baseline["median_samples_s"] if baseline else None

@@ -159,7 +159,7 @@ class RankRuntime:
         params = [p for p in model.module.parameters() if p.requires_grad]
         info = {
             "bucket_cap_mb": model._bucket_config.bucket_bytes_cap / 2**20,
-            "first_bucket_cap_mb": model._bucket_config.first_bucket_bytes_cap / 2**20,
+            "first_bucket_cap_mb": _first_bucket_bytes(model._bucket_config) / 2**20,
             "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
             "static_graph": bool(model.static_graph),
             "find_unused_parameters": bool(model.find_unused_parameters),
@@ -232,3 +232,10 @@ class RankRuntime:
     @staticmethod
     def _cuda_peak() -> int:
         return int(torch.cuda.max_memory_allocated())
+
+
+def _first_bucket_bytes(bucket_config: Any) -> int:
+    """The first bucket's real cap: torch 2.13 reports the largest cap as `first_bucket_bytes_cap`
+    when a `bucket_cap_mb_list` is given, whose first entry is the one that applies."""
+    per_bucket = getattr(bucket_config, "per_bucket_bytes_caps", ())
+    return int(per_bucket[0]) if per_bucket else int(bucket_config.first_bucket_bytes_cap)

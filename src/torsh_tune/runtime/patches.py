@@ -254,9 +254,27 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         t0 = now()
         batch = original_next(self)
         tracker.on_data(t0, now(), _batch_size(batch))
+        if not getattr(self, "_torsh_seen", False):
+            self._torsh_seen = True
+            _record_loader(rt, self)
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__
+
+
+def _record_loader(rt: "RankRuntime", it: _BaseDataLoaderIter) -> None:
+    """Keep the settings this DataLoader iterator really runs with in meta.json `dataloaders`.
+
+    What ran, not what was asked: pin_memory is off without an accelerator, prefetch_factor
+    only counts with workers. The tuner compares these between runs (`effective_settings`).
+    """
+    workers = int(it._num_workers)
+    prefetch = getattr(it, "_prefetch_factor", None) if workers else None
+    info = {"num_workers": workers, "prefetch_factor": prefetch, "pin_memory": bool(it._pin_memory)}
+    seen = rt.meta.setdefault("dataloaders", [])
+    if info not in seen:  # a new iterator per epoch: the meta file is written once per setting
+        seen.append(info)
+        rt.save_meta()
 
 
 def _batch_size(batch: Any) -> int:
