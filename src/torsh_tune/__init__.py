@@ -19,6 +19,7 @@ __all__ = [
     "TorshTuneError",
     "TrialError",
     "__version__",
+    "count_tokens",
     "data_parallel_info",
     "parallelize",
     "train_step",
@@ -26,7 +27,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("parallelize", "train_step", "data_parallel_info", "PipelineModule"):
+    if name in ("parallelize", "train_step", "data_parallel_info", "count_tokens", "PipelineModule"):
         from .runtime import api
 
         return getattr(api, name)

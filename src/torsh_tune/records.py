@@ -34,6 +34,7 @@ class StepRecord:
     comm_s: float  # wall time covered by this step's collectives (union of bucket intervals)
     exposed_comm_s: float  # communication not hidden behind backward compute
     samples: int  # samples processed in the step (first dim of the model input)
+    tokens: int | None  # tokens the script counted in the step (torsh_tune.count_tokens), None if it counts none
     num_microbatches: int  # forward passes in the step (> 1 with gradient accumulation)
     loss: float | None  # read every `profiler.loss_every` steps, else None
     peak_mem_bytes: int  # torch.cuda.max_memory_allocated on GPU, process RSS on CPU

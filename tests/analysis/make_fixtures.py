@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
-from torsh_tune.records import CommRecord, StepRecord, SystemRecord, to_dict
+from torsh_tune.records import CommRecord, StepRecord, SystemRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T0 = 1_760_000_000.0
@@ -101,7 +101,7 @@ def simulate(sc: Scenario) -> tuple[dict[int, list], dict[int, list], dict[int, 
             steps[r].append(StepRecord(
                 rank=r, step=s, t_start=r6(t_start[r]), t_end=r6(t_end), step_s=r6(t_end - t_start[r]),
                 data_s=r6(d[r]), forward_s=r6(f[r]), backward_s=r6(b[r] + exposed), optimizer_s=r6(o),
-                comm_s=r6(comm_s), exposed_comm_s=r6(exposed), samples=32, num_microbatches=1,
+                comm_s=r6(comm_s), exposed_comm_s=r6(exposed), samples=32, tokens=None, num_microbatches=1,
                 loss=round(2.0 - 0.05 * s, 4) if s % 5 == 0 else None,
                 peak_mem_bytes=sc.rss_bytes + 1000 * s, warmup=s < sc.warmup,
             ))
@@ -129,7 +129,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 
 def write_jsonl(path: Path, records: list) -> None:
-    path.write_text("".join(json.dumps(to_dict(rec), separators=(",", ":")) + "\n" for rec in records))
+    path.write_text("".join(json.dumps(asdict(rec), separators=(",", ":")) + "\n" for rec in records))
 
 
 def write_run(sc: Scenario, *, status: str = "ok", exits: dict[int, str | None] | None = None) -> Path:

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from torsh_tune.autotune import loss_by_step, loss_deviation, measure_run, throughput_of
+from torsh_tune.autotune.objective import per_step_throughput, throughput_unit
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
 
@@ -71,3 +72,37 @@ def test_loss_differs_between_different_trainings():
     a = loss_by_step(_steps("comm_bound"))
     b = loss_by_step(_steps("compute_bound"))
     assert loss_deviation(a, b) > 0.01
+
+
+def test_counted_tokens_make_the_objective_tokens_per_second():
+    steps = _steps("comm_bound")
+    assert throughput_unit(steps) == "samples/s"
+    counted = steps.assign(tokens=steps["samples"] * 128)
+    tp = throughput_of(counted)
+    assert tp.unit == "tokens/s"
+    assert tp.median_samples_s == pytest.approx(128 * throughput_of(steps).median_samples_s)
+    # One measured record without tokens: samples/s again (a partial count would mislead);
+    # warm-up steps do not count.
+    partial = counted.copy()
+    partial.loc[partial.index[-1], "tokens"] = None
+    assert throughput_unit(partial) == "samples/s"
+    warm = counted.copy()
+    warm.loc[warm["warmup"], "tokens"] = None
+    assert throughput_unit(warm) == "tokens/s"
+    assert per_step_throughput(counted, unit="samples/s").equals(per_step_throughput(steps))
+
+
+def test_a_script_counting_tokens_is_measured_in_tokens_per_second(tmp_path):
+    from torsh_tune.autotune.runner import run_measured
+    from torsh_tune.config import RunConfig
+    from torsh_tune.rundir import new_run_dir
+
+    script = Path(__file__).resolve().parents[1] / "data" / "scripts" / "train_small.py"
+    config = RunConfig.from_dict({"launch": {"nproc_per_node": 2}, "budget": {"steps": 4, "warmup_steps": 1}})
+    run = run_measured(config, new_run_dir(tmp_path, "tokens"), script, ["--tokens-per-sample", "64", "--batch-size", "8"])
+    assert run.state == "COMPLETE", run.failure_reason
+    steps = pd.concat(pd.read_json(p, lines=True) for p in sorted(Path(run.run_dir, "ranks").glob("*.steps.jsonl")))
+    assert (steps["tokens"] == 8 * 64).all() and (steps["samples"] == 8).all()
+    tp = run.measurement.throughput
+    assert tp.unit == "tokens/s" and tp.median_samples_s == pytest.approx(64 * throughput_of(
+        steps.drop(columns="tokens")).median_samples_s)

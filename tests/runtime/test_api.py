@@ -153,3 +153,16 @@ def test_fsdp_and_pipeline_under_bare_torchrun_follow_the_single_process_losses(
         runs[name] = _losses(proc.stdout)
     assert len(runs["pp"]) == 2 and runs["pp"] == pytest.approx(_losses(alone.stdout), abs=2e-4)
     assert runs["fsdp"] == pytest.approx(runs["ddp"], abs=2e-4)
+
+
+def test_count_tokens_checks_its_argument_and_does_nothing_outside_torsh_tune():
+    import torch
+
+    import torsh_tune
+    from torsh_tune.errors import ConfigError
+
+    torsh_tune.count_tokens(128)  # the script run alone: no runtime, nothing to count into
+    torsh_tune.count_tokens(torch.tensor(7))  # e.g. attention_mask.sum()
+    for bad in (-1, 2.5, True, torch.tensor(1.5), "12"):
+        with pytest.raises(ConfigError, match=r"count_tokens\(n\)"):
+            torsh_tune.count_tokens(bad)

@@ -30,6 +30,7 @@ __all__ = [
     "per_step_throughput",
     "running_throughput",
     "throughput_of",
+    "throughput_unit",
     "trial_constraints",
 ]
 
@@ -39,7 +40,9 @@ class Throughput:
     """Steady-state throughput of a run (warm-up excluded).
 
     Per step: global samples (sum over ranks) / global step time (the slowest rank's
-    `step_s`, since every rank waits for it in the all-reduce).
+    `step_s`, since every rank waits for it in the all-reduce). When the script counts its
+    tokens (`torsh_tune.count_tokens`) on every measured step, tokens replace samples: the
+    `*_samples_s` fields then hold tokens/s, and `unit` says which.
 
     Attributes:
         median_samples_s: Median of the per-step throughputs: the objective.
@@ -47,6 +50,7 @@ class Throughput:
         q75_samples_s: 75th percentile.
         iqr_samples_s: q75 - q25: the spread within the run.
         num_steps: Measured steps.
+        unit: "samples/s", or "tokens/s" when the script counted tokens.
     """
 
     median_samples_s: float
@@ -54,6 +58,7 @@ class Throughput:
     q75_samples_s: float
     iqr_samples_s: float
     num_steps: int
+    unit: str = "samples/s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,24 +80,35 @@ class Measurement:
     warnings: tuple[str, ...] = ()
 
 
-def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None) -> pd.Series:
-    """Measured step -> global samples/s, in step order (warm-up steps left out).
+def throughput_unit(steps: pd.DataFrame) -> str:
+    """"tokens/s" when every measured step record counted tokens (`torsh_tune.count_tokens`), else "samples/s"."""
+    if steps.empty or "tokens" not in steps.columns:
+        return "samples/s"
+    kept = steps[~steps["warmup"].fillna(False).astype(bool)]
+    tokens = pd.to_numeric(kept["tokens"], errors="coerce")
+    return "tokens/s" if len(kept) and bool((tokens > 0).all()) else "samples/s"
 
-    Per step: samples summed over the ranks / the slowest rank's `step_s`.
+
+def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | None = None) -> pd.Series:
+    """Measured step -> global samples/s (or tokens/s), in step order (warm-up steps left out).
+
+    Per step: samples (tokens) summed over the ranks / the slowest rank's `step_s`.
 
     Args:
-        steps: Step records (columns step, step_s, samples, warmup).
+        steps: Step records (columns step, step_s, samples, tokens, warmup).
         num_ranks: When given, only steps recorded by this many ranks (a live run's
             steps that every rank has finished).
+        unit: "samples/s" or "tokens/s"; default `throughput_unit(steps)`.
     """
     if steps.empty:
         return pd.Series(dtype=float)
     kept = steps[~steps["warmup"].fillna(False).astype(bool)]
     if kept.empty:
         return pd.Series(dtype=float)
+    column = "tokens" if (unit or throughput_unit(steps)) == "tokens/s" else "samples"
     by_step = kept.groupby("step")
     step_s = by_step["step_s"].max().astype(float)
-    samples = by_step["samples"].sum().astype(float)
+    samples = by_step[column].sum().astype(float)
     ok = step_s > 0
     if num_ranks is not None:
         ranks = by_step["rank"].nunique() if "rank" in kept.columns else by_step.size()
@@ -100,15 +116,16 @@ def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None) ->
     return (samples[ok] / step_s[ok]).sort_index()
 
 
-def running_throughput(steps: pd.DataFrame, *, num_ranks: int) -> pd.Series:
+def running_throughput(steps: pd.DataFrame, *, num_ranks: int, unit: str | None = None) -> pd.Series:
     """Measured-step index (0, 1, ...) -> median throughput over the measured steps up to it.
 
     The intermediate values a trial reports to the pruner. Only steps every rank recorded
     count (ranks append in step order, so they form a prefix), hence the value at an index
     is the same whether computed while the run is alive or from its final records, and
     the index means the same in every trial of a study (same warm-up, same budget).
+    `unit` as in `per_step_throughput` (a study passes its baseline's).
     """
-    per_step = per_step_throughput(steps, num_ranks=num_ranks)
+    per_step = per_step_throughput(steps, num_ranks=num_ranks, unit=unit)
     running = per_step.reset_index(drop=True).expanding().median()
     return running.astype(float)
 
@@ -120,7 +137,8 @@ def throughput_of(steps: pd.DataFrame) -> Throughput | None:
         None without any measured step (all-warm-up runs are not used: a tuner must not
         rank configurations by their warm-up).
     """
-    per_step = per_step_throughput(steps).to_numpy()
+    unit = throughput_unit(steps)
+    per_step = per_step_throughput(steps, unit=unit).to_numpy()
     if per_step.size == 0:
         return None
     q25, med, q75 = np.quantile(per_step, [0.25, 0.5, 0.75])
@@ -130,6 +148,7 @@ def throughput_of(steps: pd.DataFrame) -> Throughput | None:
         q75_samples_s=float(q75),
         iqr_samples_s=float(q75 - q25),
         num_steps=int(per_step.size),
+        unit=unit,
     )
 
 

@@ -44,7 +44,7 @@ __all__ = ["PRUNERS", "StepRecordReader", "TrialPruning", "make_pruner"]
 PRUNERS = ("none", "median", "percentile")
 
 _STEPS_RE = re.compile(r"^rank(\d+)\.steps\.jsonl$")
-_COLUMNS = ("rank", "step", "step_s", "samples", "warmup")
+_COLUMNS = ("rank", "step", "step_s", "samples", "tokens", "warmup")
 
 
 def make_pruner(name: str, *, percentile: float | None, warmup_steps: int, startup_trials: int):
@@ -139,13 +139,15 @@ class TrialPruning:
         num_ranks: Ranks whose records make a step count (the run's world size on one
             node; on several nodes, the ranks whose records reach this run directory).
         percentile: The pruner's percentile (50 for the median pruner), for the reason.
+        unit: The study's objective unit ("samples/s" or "tokens/s", the baseline's).
     """
 
     def __init__(self, trial: "optuna.trial.Trial", run_dir: str | os.PathLike[str], *, num_ranks: int,
-                 percentile: float = 50.0) -> None:
+                 percentile: float = 50.0, unit: str = "samples/s") -> None:
         self.trial = trial
         self.num_ranks = num_ranks
         self.percentile = percentile
+        self.unit = unit
         self.reported: dict[int, float] = {}
         self.reason = ""
         self._reader = StepRecordReader(run_dir)
@@ -165,7 +167,7 @@ class TrialPruning:
         self._report_new()
 
     def _report_new(self) -> bool:
-        running = running_throughput(self._reader.read(), num_ranks=self.num_ranks)
+        running = running_throughput(self._reader.read(), num_ranks=self.num_ranks, unit=self.unit)
         new = False
         for step, value in running.items():
             if int(step) not in self.reported:
@@ -182,9 +184,9 @@ class TrialPruning:
                   for t in self.trial.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                   if step in t.intermediate_values]
         if not others:
-            return f"pruned at step {step}: {best:.1f} samples/s"
+            return f"pruned at step {step}: {best:.1f} {self.unit}"
         # Optuna's PercentilePruner keeps the top `percentile` %: the cut is at 100 - percentile.
         cut = float(np.nanpercentile(np.asarray(others, dtype=float), 100.0 - self.percentile))
         label = "median" if self.percentile == 50 else f"{100 - self.percentile:g}th percentile"
-        return (f"pruned at step {step}: {best:.1f} samples/s vs {label} {cut:.1f} "
+        return (f"pruned at step {step}: {best:.1f} {self.unit} vs {label} {cut:.1f} "
                 f"({len(others)} completed trial{'s' if len(others) != 1 else ''})")

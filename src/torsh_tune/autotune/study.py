@@ -65,7 +65,8 @@ __all__ = [
 
 SAMPLERS = ("tpe", "random", "gp", "cmaes")
 
-#: Objective name -> Optuna direction. "throughput": median steady-state samples/s;
+#: Objective name -> Optuna direction. "throughput": median steady-state samples/s (tokens/s
+#: when the script counts tokens: `torsh_tune.count_tokens`);
 #: "loss": relative deviation of the mean loss from the baseline's over their common steps.
 OBJECTIVES = {"throughput": "maximize", "loss": "minimize"}
 
@@ -144,6 +145,8 @@ class BaselineStats:
         noise_rel: (max - min) / median: the run-to-run noise a trial must beat.
         run_dirs: Run directory of every repeat.
         max_microbatches: Largest micro-batches per step seen (static_graph is offered only at 1).
+        unit: The throughput unit of the whole study: "tokens/s" when the script counts
+            tokens (`torsh_tune.count_tokens`), else "samples/s" (`samples_s` fields hold it).
     """
 
     samples_s: tuple[float, ...]
@@ -151,6 +154,7 @@ class BaselineStats:
     noise_rel: float
     run_dirs: tuple[str, ...]
     max_microbatches: int | None
+    unit: str = "samples/s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,7 +428,7 @@ def tune(
         run_dir = fresh_run_dir(root / where, name)
         watch = None
         if trial is not None and not multi:
-            watch = TrialPruning(trial, run_dir.path, num_ranks=num_ranks, percentile=prune_percentile)
+            watch = TrialPruning(trial, run_dir.path, num_ranks=num_ranks, percentile=prune_percentile, unit=unit)
         run = run_measured(config, run_dir, script, script_args, echo=echo, should_prune=watch)
         if watch is not None and run.state == "COMPLETE":
             watch.finish()  # every index, so later trials are compared at any step
@@ -450,9 +454,14 @@ def tune(
             raise TrialError(
                 f"the baseline run must succeed, but got {first.failure_reason} (see {first.run_dir})"
             )
+        units = sorted({r.measurement.throughput.unit for r in good})
+        if len(units) > 1:
+            raise TrialError(f"the baseline runs must measure one throughput unit, but got {units} "
+                             "(count tokens on every step of every run, or never)")
         loss = pd.concat([r.measurement.loss for r in good]).groupby(level=0).mean()
         micro = [r.measurement.max_microbatches for r in good if r.measurement.max_microbatches is not None]
         stored = {
+            "unit": units[0],
             "samples_s": [r.samples_s for r in good],
             "run_dirs": [r.run_dir for r in runs],
             "loss": {str(int(k)): float(v) for k, v in loss.items()},
@@ -460,6 +469,7 @@ def tune(
         }
         study.set_user_attr("baseline", stored)
     baseline = _baseline_stats(stored)
+    unit = baseline.unit
     baseline_loss = pd.Series({int(k): v for k, v in stored["loss"].items()}, dtype=float)
     if "loss" in objectives and baseline_loss.empty:
         raise invalid("objectives", "('throughput',) when the baseline records no loss "
@@ -492,7 +502,7 @@ def tune(
         trial.set_user_attr("tuner", tuner)  # a resuming or peer tuner tells live trials from stale ones
         try:
             interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss, objectives=objectives,
-                                     loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes)
+                                     loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes, unit=unit)
         except KeyboardInterrupt:
             # Ctrl-C between runs (during a run the supervisor turns it into "interrupted"):
             # the asked trial must not stay RUNNING, and the results are still written.
@@ -525,7 +535,7 @@ def tune(
                 continue
             if base_settings is not None and t.run_dir and _settings_of(t.run_dir) == base_settings:
                 confirm_notes.append(f"trial {t.number} not confirmed: it ran with the baseline's own settings "
-                                     f"({t.samples_s:.4g} vs {baseline.median_samples_s:.4g} samples/s is noise)")
+                                     f"({t.samples_s:.4g} vs {baseline.median_samples_s:.4g} {unit} is noise)")
                 continue
             seen.add(key)
             candidates.append(t)
@@ -545,8 +555,10 @@ def tune(
                 if "interrupted" in (a.status, b.status):
                     interrupted = True
                     break
-                if a.samples_s and b.samples_s:
+                if a.samples_s and b.samples_s and _unit_of(a) == _unit_of(b) == unit:
                     ratios.append(b.samples_s / a.samples_s)
+                elif a.samples_s and b.samples_s:
+                    failures.append(f"pair {i}: the runs measured {_unit_of(a)} and {_unit_of(b)}, the study {unit}")
                 else:
                     failures.append(f"pair {i}: " + "; ".join(
                         f"{role} {r.failure_reason}" for role, r in (("baseline", a), ("candidate", b))
@@ -661,7 +673,8 @@ def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, perc
 
 
 def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series, *,
-               objectives: tuple[str, ...], loss_tolerance: float, max_peak_mem_bytes: int | None) -> bool:
+               objectives: tuple[str, ...], loss_tolerance: float, max_peak_mem_bytes: int | None,
+               unit: str = "samples/s") -> bool:
     """Suggest, launch, measure and tell one trial; True when the run was interrupted."""
     from optuna.trial import TrialState
 
@@ -687,6 +700,11 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
         study.tell(trial, state=TrialState.FAIL)
         return run.status == "interrupted"
     m = run.measurement
+    if m.throughput.unit != unit:
+        trial.set_user_attr("failure_reason", f"objective_unit: the baseline measured {unit}, this trial "
+                            f"{m.throughput.unit} (count tokens on every step of every run, or never)")
+        study.tell(trial, state=TrialState.FAIL)
+        return False
     trial.set_user_attr("iqr_samples_s", m.throughput.iqr_samples_s)
     trial.set_user_attr("peak_mem_bytes", m.peak_mem_bytes)
     dev = loss_deviation(m.loss, baseline_loss)
@@ -729,7 +747,13 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
         noise_rel=noise,
         run_dirs=tuple(stored["run_dirs"]),
         max_microbatches=stored.get("max_microbatches"),
+        unit=str(stored.get("unit", "samples/s")),
     )
+
+
+def _unit_of(run: MeasuredRun) -> str | None:
+    m = run.measurement
+    return m.throughput.unit if m is not None and m.throughput is not None else None
 
 
 def _settings_of(run_dir: str) -> dict[str, Any] | None:

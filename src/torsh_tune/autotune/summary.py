@@ -9,7 +9,7 @@ speedup is only reported when the confirmation supported it (`TuneResult.best_tr
 
 ToRSh's migration checks of the best configuration against the baseline:
 
-- throughput (samples/s) >= the baseline's;
+- throughput (samples/s, or tokens/s when the script counts tokens) >= the baseline's;
 - peak memory <= 110 % of the baseline's;
 - mean loss within the loss tolerance (1 %) of the baseline's, over the steps both read;
 - time per step (reported: an effective-batch change moves it without being worse).
@@ -87,6 +87,7 @@ def build_summary(
         baseline_side = _side((info.baseline or {}).get("run_dirs", []))
         best_side = None
     best_toml = str(root / "best.toml")
+    unit = info.study.get("unit") or "samples/s"
     summary: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA,
         "script": script,
@@ -102,7 +103,8 @@ def build_summary(
         "max_memory_ratio": max_memory_ratio,
         "baseline": _public(baseline_side),
         "best": _public(best_side) if best_side else None,
-        "migration": _migration(baseline_side, best_side, loss_tolerance, max_memory_ratio),
+        "unit": unit,
+        "migration": _migration(baseline_side, best_side, loss_tolerance, max_memory_ratio, unit),
         "confirmations": list(info.confirmations),
         "trials": _trials(info),
         "profile": _profile(profile_run),
@@ -201,7 +203,7 @@ def _side(run_dirs: Sequence[str]) -> dict[str, Any]:
         tp = throughput_of(steps)
         if tp is None:
             continue
-        tps.append(tp.median_samples_s)
+        tps.append(tp.median_samples_s)  # the study's unit: a script counts tokens in every run or never
         kept = steps[~steps["warmup"].fillna(False).astype(bool)]
         step_s.append(float(kept.groupby("step")["step_s"].max().median()))
         peak = pd.to_numeric(steps["peak_mem_bytes"], errors="coerce").max()
@@ -225,7 +227,7 @@ def _public(side: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _migration(base: Mapping[str, Any], best: Mapping[str, Any] | None, loss_tolerance: float,
-               max_memory_ratio: float) -> list[dict[str, Any]]:
+               max_memory_ratio: float, unit: str = "samples/s") -> list[dict[str, Any]]:
     """ToRSh's migration checks; `ok` is None where a side lacks the number (or the row is a report)."""
 
     def row(metric: str, unit: str, rule: str, key: str, ok) -> dict[str, Any]:
@@ -238,7 +240,7 @@ def _migration(base: Mapping[str, Any], best: Mapping[str, Any] | None, loss_tol
     loss["deviation_pct"] = None if dev is None else 100.0 * dev
     loss["ok"] = None if dev is None else dev <= loss_tolerance
     return [
-        row("throughput", "samples/s", ">= baseline", "samples_s", lambda b, c: c >= b),
+        row("throughput", unit, ">= baseline", "samples_s", lambda b, c: c >= b),
         row("peak_memory", "bytes", f"<= {100 * max_memory_ratio:.0f} % of baseline", "peak_mem_bytes",
             lambda b, c: c <= max_memory_ratio * b),
         loss,

@@ -50,6 +50,7 @@ class StepTracker:
         self.optimizer_s = 0.0
         self.samples = 0
         self.loader_samples = 0
+        self.tokens = 0
         self.microbatches = 0
         self._loss: Any = None
         self._bucket_in_step = 0
@@ -73,6 +74,9 @@ class StepTracker:
         self.forward_s += t1 - t0
         self.samples += batch_size
         self.microbatches += 1
+
+    def on_tokens(self, n: int) -> None:
+        self.tokens += n
 
     def wants_loss(self) -> bool:
         return self.step % self._loss_every == 0
@@ -129,6 +133,7 @@ class StepTracker:
             "comm_s": comm_s,
             "exposed_comm_s": min(exposed_s, self.backward_s) if self.backward_s else exposed_s,
             "samples": self.samples or self.loader_samples,
+            "tokens": self.tokens or None,
             "num_microbatches": self.microbatches,
             "loss": loss,
             "peak_mem_bytes": self._peak_memory(),

@@ -200,11 +200,11 @@ def advice_common_reasons(rows: tuple[dict[str, Any], ...] | list[dict[str, Any]
     return [r for r in rows[0].get("reasons") or [] if all(r in (row.get("reasons") or []) for row in rows[1:])]
 
 
-def fmt_samples_s(value: float | None) -> str:
-    """Throughput: '13,633 samples/s', '103.2 samples/s'."""
+def fmt_samples_s(value: float | None, unit: str = "samples/s") -> str:
+    """Throughput: '13,633 samples/s', '103.2 samples/s' (or another `unit`: 'tokens/s')."""
     if value is None:
         return "–"
-    return f"{value:,.1f} samples/s" if abs(value) < 1000 else f"{value:,.0f} samples/s"
+    return f"{value:,.1f} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
 
 
 def fmt_param(value: Any) -> str:
@@ -244,6 +244,6 @@ def migration_cell(row: dict[str, Any], key: str) -> str:
         return f"{v / 2**20:,.1f} MiB"
     if unit == "s":
         return f"{v * 1e3:,.2f} ms"
-    if unit == "samples/s":
-        return f"{v:,.1f} samples/s"
+    if unit in ("samples/s", "tokens/s"):
+        return f"{v:,.1f} {unit}"
     return f"{v:.4g}"

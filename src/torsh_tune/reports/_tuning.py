@@ -230,6 +230,7 @@ def get_tuning_info(
             "status": status,
             "source": source,
             "objectives": list(objectives),
+            "unit": str((doc.get("baseline") or {}).get("unit") or "samples/s"),
             "loss_tolerance": _loss_tolerance(trials),
             "counts": _counts(trials),
         },

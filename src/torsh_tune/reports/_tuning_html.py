@@ -86,11 +86,12 @@ def _figures(info: TuningInfo) -> dict[str, str]:
 
 
 def _baseline_and_best(info: TuningInfo) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     out = ["<h2>Baseline and best configuration</h2>"]
     s, b = info.summary or {}, info.baseline
     kpis = []
     if b is not None:
-        kpis.append(("baseline (median)", fmt_samples_s(b["median_samples_s"])))
+        kpis.append(("baseline (median)", fmt_samples_s(b["median_samples_s"], unit)))
         kpis.append(("baseline noise", f"{b['noise_pct']:.1f} % over {b['runs']} runs" if b["runs"] > 1
                      else "not measured (1 run)"))
     if info.best.get("speedup") is not None:
@@ -148,6 +149,7 @@ def _confirmations(info: TuningInfo) -> list[str]:
 
 
 def _profile(s: Mapping[str, Any]) -> list[str]:
+    unit = s.get("unit") or "samples/s"
     out: list[str] = []
     profile = s.get("profile")
     if profile:
@@ -159,9 +161,9 @@ def _profile(s: Mapping[str, Any]) -> list[str]:
         out.append("</ul>")
     if s.get("recommendations_tested"):
         out += ["<p>Each recommendation the search space can express ran as a trial:</p>",
-                "<table><tr><th>recommendation</th><th>trial</th><th>samples/s (single run)</th><th>verdict</th></tr>"]
+                f"<table><tr><th>recommendation</th><th>trial</th><th>{unit} (single run)</th><th>verdict</th></tr>"]
         out += [f"<tr><td>{_e(r['title'])}</td><td class=num>{_e(r['trial'])}</td>"
-                f"<td class=num>{_e(fmt_samples_s(r['samples_s']))}</td><td>{_e(r['verdict'])}</td></tr>"
+                f"<td class=num>{_e(fmt_samples_s(r['samples_s'], unit))}</td><td>{_e(r['verdict'])}</td></tr>"
                 for r in s["recommendations_tested"]]
         out.append("</table>")
     return out
@@ -202,26 +204,28 @@ def _importances(info: TuningInfo, figs: Mapping[str, str]) -> list[str]:
 
 
 def _pareto(info: TuningInfo, figs: Mapping[str, str]) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     if not info.pareto:
         return []
     varying = _varying(info)
     out = ['<h2 id="pareto">Pareto front</h2>']
     if "pareto" in figs:
         out.append(figs["pareto"])
-    out.append("<table><tr><th>trial</th><th>samples/s</th><th>loss deviation</th><th>parameters</th></tr>")
-    out += [f"<tr><td class=num>{p['number']}</td><td class=num>{_e(fmt_samples_s(p['samples_s']))}</td>"
+    out.append(f"<table><tr><th>trial</th><th>{unit}</th><th>loss deviation</th><th>parameters</th></tr>")
+    out += [f"<tr><td class=num>{p['number']}</td><td class=num>{_e(fmt_samples_s(p['samples_s'], unit))}</td>"
             f"<td class=num>{_e(fmt_loss_deviation(p['loss_deviation']))}</td>"
             f"<td>{_e(_params_text(p['params'], varying))}</td></tr>" for p in info.pareto]
     return out + ["</table>"]
 
 
 def _trials(info: TuningInfo) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     if not info.trials:
         return ["<h2>Trials</h2>", "<p>No trial has been recorded yet.</p>"]
     varying = _varying(info)
     best = dict(zip(info.history.get("number", []), info.history.get("best_samples_s", [])))
     out = ['<h2 id="trials">Trials</h2>',
-           "<table><tr><th>trial</th><th>state</th><th>role</th><th>samples/s</th><th>vs baseline</th>"
+           f"<table><tr><th>trial</th><th>state</th><th>role</th><th>{unit}</th><th>vs baseline</th>"
            "<th>best so far</th><th>loss deviation</th><th>peak memory</th><th>constraints</th>"
            "<th>parameters / reason</th></tr>"]
     for t in info.trials:
@@ -233,8 +237,8 @@ def _trials(info: TuningInfo) -> list[str]:
         mem = fmt_bytes(t["peak_mem_bytes"]) if t["peak_mem_bytes"] is not None else "–"
         out.append(f'<tr class="trial" data-state="{_e(t["state"])}"><td class=num>{_e(marks)}{t["number"]}</td>'
                    f"<td>{_e(t['state'])}</td><td>{_e(t['role'] or 'sampler')}</td>"
-                   f"<td class=num>{_e(fmt_samples_s(t['samples_s']))}</td><td class=num>{vs}</td>"
-                   f"<td class=num>{_e(fmt_samples_s(best.get(t['number'])))}</td>"
+                   f"<td class=num>{_e(fmt_samples_s(t['samples_s'], unit))}</td><td class=num>{vs}</td>"
+                   f"<td class=num>{_e(fmt_samples_s(best.get(t['number']), unit))}</td>"
                    f"<td class=num>{_e(fmt_loss_deviation(t['loss_deviation']))}</td><td class=num>{_e(mem)}</td>"
                    f"<td>{_e(t['constraint_status'] or '–')}</td><td>{_e(what)}</td></tr>")
     return out + ["</table>"]

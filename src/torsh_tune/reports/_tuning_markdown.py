@@ -76,13 +76,14 @@ def _status_text(info: TuningInfo) -> str:
 
 
 def _baseline_and_best(info: TuningInfo) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     out = ["## Baseline and best configuration", ""]
     s, b = info.summary or {}, info.baseline
     if b is None:
         out += ["The baseline has not been measured yet.", ""]
     else:
         noise = f"run-to-run noise {b['noise_pct']:.1f} %" if b["runs"] > 1 else "noise not measured (one run)"
-        out += [f"Baseline (your configuration): {fmt_samples_s(b['median_samples_s'])}, median of {b['runs']} "
+        out += [f"Baseline (your configuration): {fmt_samples_s(b['median_samples_s'], unit)}, median of {b['runs']} "
                 f"run(s) ({noise}).", ""]
     migration = s.get("migration") or []
     if migration:
@@ -126,6 +127,7 @@ def _confirmations(info: TuningInfo) -> list[str]:
 
 
 def _profile(s: Mapping[str, Any]) -> list[str]:
+    unit = s.get("unit") or "samples/s"
     out: list[str] = []
     profile = s.get("profile")
     if profile:
@@ -139,15 +141,16 @@ def _profile(s: Mapping[str, Any]) -> list[str]:
         out.append("")
     if s.get("recommendations_tested"):
         out += ["Each recommendation the search space can express ran as a trial:", "",
-                "| recommendation | trial | samples/s (single run) | verdict |", "|---|---:|---:|---|"]
+                f"| recommendation | trial | {unit} (single run) | verdict |", "|---|---:|---:|---|"]
         for r in s["recommendations_tested"]:
-            out.append(f"| {_cell(r['title'])} | {r['trial']} | {fmt_samples_s(r['samples_s'])} | "
+            out.append(f"| {_cell(r['title'])} | {r['trial']} | {fmt_samples_s(r['samples_s'], unit)} | "
                        f"{_cell(r['verdict'])} |")
         out.append("")
     return out
 
 
 def _search(info: TuningInfo, *, full: bool) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     c = info.study.get("counts") or {}
     out = ["## Search", ""]
     running = f", {c['running']} running" if c.get("running") else ""
@@ -158,9 +161,9 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
     if not full:
         top = sorted((t for t in info.trials if t["samples_s"] is not None and t["constraint_status"] != "violated"),
                      key=lambda t: -t["samples_s"])[:_TOP_TRIALS]
-        out += ["Fastest feasible trials:", "", "| trial | samples/s | role | parameters |", "|---:|---:|---|---|"]
+        out += ["Fastest feasible trials:", "", f"| trial | {unit} | role | parameters |", "|---:|---:|---|---|"]
         for t in top:
-            out.append(f"| {t['number']} | {fmt_samples_s(t['samples_s'])} | {t['role'] or 'sampler'} | "
+            out.append(f"| {t['number']} | {fmt_samples_s(t['samples_s'], unit)} | {t['role'] or 'sampler'} | "
                        f"{_cell(_params_text(t['params'], varying))} |")
         failures = [t for t in info.trials if t["state"] == "FAIL"]
         if failures:
@@ -172,7 +175,7 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
     out += ["### Trials", "",
             f"Parameters shown are those that vary in this study; fixed ones: "
             f"{', '.join(f'`{p}`' for p in info.params if p not in varying) or 'none'}.", "",
-            "| trial | state | role | samples/s | vs baseline | best so far | loss deviation | peak memory | "
+            f"| trial | state | role | {unit} | vs baseline | best so far | loss deviation | peak memory | "
             "constraints | parameters / reason |", "|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
     for t in info.trials:
         vs = f"{t['vs_baseline']:.2f}x" if t["vs_baseline"] is not None else "–"
@@ -183,8 +186,8 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
             what = f"{what} — {t['failure_reason']}" if t["state"] != "FAIL" else t["failure_reason"]
         marks = "".join((" ★" if t["number"] == info.best.get("trial") else "",
                          " (Pareto)" if t["on_pareto"] else ""))
-        out.append(f"| {t['number']}{marks} | {t['state']} | {t['role'] or 'sampler'} | {fmt_samples_s(t['samples_s'])} "
-                   f"| {vs} | {fmt_samples_s(best.get(t['number']))} | {dev} | {mem} | "
+        out.append(f"| {t['number']}{marks} | {t['state']} | {t['role'] or 'sampler'} | {fmt_samples_s(t['samples_s'], unit)} "
+                   f"| {vs} | {fmt_samples_s(best.get(t['number']), unit)} | {dev} | {mem} | "
                    f"{t['constraint_status'] or '–'} | {_cell(what)} |")
     return out + [""]
 
@@ -209,14 +212,15 @@ def _importances(info: TuningInfo) -> list[str]:
 
 
 def _pareto(info: TuningInfo) -> list[str]:
+    unit = info.study.get("unit") or "samples/s"
     if not info.pareto:
         return []
     varying = _varying(info)
     out = ["## Pareto front (throughput vs loss deviation)", "",
-           "| trial | samples/s | loss deviation | parameters |", "|---:|---:|---:|---|"]
+           f"| trial | {unit} | loss deviation | parameters |", "|---:|---:|---:|---|"]
     for p in info.pareto:
         dev = fmt_loss_deviation(p["loss_deviation"])
-        out.append(f"| {p['number']} | {fmt_samples_s(p['samples_s'])} | {dev} | "
+        out.append(f"| {p['number']} | {fmt_samples_s(p['samples_s'], unit)} | {dev} | "
                    f"{_cell(_params_text(p['params'], varying))} |")
     return out + [""]
 

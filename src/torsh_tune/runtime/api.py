@@ -36,7 +36,7 @@ from ..config import RunConfig, StrategyConfig, dist_env, load_config_file
 from ..errors import TorshTuneError, invalid
 from . import context
 
-__all__ = ["PipelineModule", "data_parallel_info", "parallelize", "train_step"]
+__all__ = ["PipelineModule", "count_tokens", "data_parallel_info", "parallelize", "train_step"]
 
 
 @dataclass
@@ -193,6 +193,28 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
     if last:
         _optimizer_step(par, model, optimizer)
     return loss.detach()
+
+
+def count_tokens(n: int) -> None:
+    """Count `n` tokens towards this rank's current step (e.g. `batch["input_ids"].numel()`).
+
+    With tokens counted, the step records carry them and the tuner's objective becomes
+    tokens/s (summed over ranks) instead of samples/s: the throughput that stays comparable
+    when the sequence length or the batch composition changes. Call it on every rank with
+    the tokens of that rank's own data, any number of times per step (micro-batches add up);
+    a pipeline's ranks share one batch, so count there on one rank only. Outside torsh-tune
+    (the script run alone or under bare torchrun) it does nothing.
+
+    Raises:
+        ConfigError: `n` is not an integer >= 0.
+    """
+    if isinstance(n, torch.Tensor) and n.numel() == 1 and not n.is_floating_point() and n.dtype != torch.bool:
+        n = int(n)  # e.g. attention_mask.sum()
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise invalid("count_tokens(n)", "an integer >= 0", n)
+    rt = context.active_runtime()
+    if rt is not None:
+        rt.tracker.on_tokens(n)
 
 
 def data_parallel_info(model: nn.Module) -> tuple[int, int]:

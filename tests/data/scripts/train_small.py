@@ -20,7 +20,10 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--fail-step", type=int, default=3)
 p.add_argument("--num-workers", type=int, default=0)
 p.add_argument("--mark", default="", help="file prefix the custom hook appends to")
+p.add_argument("--tokens-per-sample", type=int, default=0, help="count tokens (torsh_tune.count_tokens) when > 0")
 args = p.parse_args()
+if args.tokens_per_sample:
+    import torsh_tune
 
 dist.init_process_group(args.backend)
 rank = dist.get_rank()
@@ -51,6 +54,8 @@ while step < args.steps:
                 (nn.functional.cross_entropy(model(x), y) / args.accum).backward()
         else:
             (nn.functional.cross_entropy(model(x), y) / args.accum).backward()
+        if args.tokens_per_sample:
+            torsh_tune.count_tokens(x.shape[0] * args.tokens_per_sample)
         micro += 1
         if not last_micro:
             continue
