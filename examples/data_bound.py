@@ -1,9 +1,10 @@
 """A DDP script whose input pipeline is the bottleneck (planted: slow data loading).
 
-Every sample is "decoded" and augmented on the CPU in `__getitem__` (random image, crop,
-flip, colour jitter, blur, resize, normalise: about 2 ms per sample at the default
-`--image-size 160`), and the DataLoader runs in the training process (`--num-workers 0`),
-so the model waits for data for most of every step. The fix a profiler should find is more
+Every sample is read from (emulated) remote storage — `--read-ms` of latency per sample, as
+from a network file system or object store — then "decoded" and augmented on the CPU in
+`__getitem__` (random image, crop, flip, colour jitter, blur, resize, normalise: about 2 ms per
+sample at the default `--image-size 160`), and the DataLoader runs in the training process
+(`--num-workers 0`), so the model waits for data for most of every step. The fix a profiler should find is more
 DataLoader workers (and prefetching), not a different model.
 
     torchrun --standalone --nproc-per-node 2 examples/data_bound.py --steps 50
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--read-ms", type=float, default=2.0, help="storage read latency per sample (ms)")
     p.add_argument("--image-size", type=int, default=160, help="side of the decoded image (cost per sample)")
     p.add_argument("--input-size", type=int, default=32, help="side of the image the model sees")
     p.add_argument("--num-classes", type=int, default=10)
@@ -42,8 +45,10 @@ def parse_args() -> argparse.Namespace:
 class SyntheticImages(Dataset):
     """Images generated and augmented on demand, deterministic per (seed, index)."""
 
-    def __init__(self, *, num_samples: int, image_size: int, input_size: int, num_classes: int, seed: int) -> None:
+    def __init__(self, *, num_samples: int, image_size: int, input_size: int, num_classes: int, seed: int,
+                 read_s: float = 0.0) -> None:
         self.num_samples = num_samples
+        self.read_s = read_s
         self.image_size = image_size
         self.input_size = input_size
         self.num_classes = num_classes
@@ -56,6 +61,8 @@ class SyntheticImages(Dataset):
         return self.num_samples
 
     def __getitem__(self, idx: int) -> tuple[torch.Tensor, int]:
+        if self.read_s:
+            time.sleep(self.read_s)  # waiting for storage: no CPU used, so workers can overlap it
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + idx)
         size = self.image_size
         # "Decode": a uint8 image, as a JPEG decoder would hand it over.
@@ -98,6 +105,7 @@ def main() -> None:
         input_size=args.input_size,
         num_classes=args.num_classes,
         seed=args.seed,
+        read_s=args.read_ms / 1000.0,
     )
     sampler = DistributedSampler(dataset, seed=args.seed, drop_last=True) if ddp else None
     loader = DataLoader(
