@@ -143,3 +143,31 @@ def test_a_study_without_compression_gets_no_compression_candidate(tmp_path):
     _seed_study(study, space, [str(run)], [])
     assert len(study.trials) == 1
     assert any("compression.method is not searched here" in line for line in study.user_attrs["advisor"]["skipped"])
+
+
+def test_the_bench_model_s_predicted_best_follow_the_advisor_s_candidates():
+    """With a bench model of a slow link, its fastest predicted settings are enqueued last (role "model")."""
+    from torsh_tune.bench.model import AlphaBeta, CommModel
+
+    def fit(collective):
+        return AlphaBeta(collective=collective, level="intra", group_size=2, alpha_s=1e-3,
+                         beta_s_per_byte=1.0 / 0.1e9, num_points=4)  # 0.1 GB/s: a shaped 1 Gbit/s link
+
+    model = CommModel(world_size=2, nnodes=1, nproc_per_node=2, fits=(fit("all_reduce"), fit("all_gather")))
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    study = optuna.create_study(direction="maximize")
+    _seed_study(study, space, [str(RECORDED / "comm_bound")], [{"ddp.bucket_cap_mb": 50.0}],
+                comm_model=model, reference_bench="bench-run")
+    roles = [t.user_attrs["role"] for t in study.trials]
+    assert roles[:2] == ["pytorch-defaults", "initial"] and roles.count("model") >= 1
+    assert roles.index("model") > max(i for i, r in enumerate(roles) if r != "model")  # after the advisor's
+    record = study.user_attrs["model"]
+    assert record["bench"] == "bench-run" and len(record["enqueued"]) == roles.count("model")
+    for trial, entry in zip([t for t in study.trials if t.user_attrs["role"] == "model"], record["enqueued"]):
+        assert trial.user_attrs["predicted_speedup"] == entry["predicted_speedup"] > 1.05
+        assert entry["predicted_step_s"] < entry["baseline_predicted_step_s"] and entry["why"]
+        assert space.to_config(RunConfig(), entry["params"])  # a valid configuration of this space
+    assert any("powersgd" in line for line in record["skipped"])  # what the model cannot predict, said
+    # Distinct from everything enqueued before them.
+    keys = [json.dumps(t.system_attrs["fixed_params"], sort_keys=True) for t in study.trials]
+    assert len(keys) == len(set(keys))

@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..bench.model import CommModel, load_model
 from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..rundir import RunDir, write_json_atomic, write_text_atomic
@@ -98,7 +99,8 @@ class TrialResult:
         stderr_tail: Last log lines of the failing rank.
         run_dir: The trial's run directory.
         role: Why the trial was enqueued: "pytorch-defaults", "initial", "advisor" (the
-            strategy advisor's candidate), or "" for the sampler's.
+            strategy advisor's candidate), "model" (predicted fast by the bench's
+            alpha-beta model), or "" for the sampler's.
         peak_mem_bytes: Largest peak memory of any rank (RSS on CPU), None unless measured.
         intermediate_samples_s: Measured-step index -> running median throughput, as
             reported to the pruner (single-objective studies).
@@ -303,6 +305,7 @@ def tune(
     initial_params: Sequence[Mapping[str, Any]] = (),
     space_options: Mapping[str, Any] | None = None,
     objectives: Sequence[str] = ("throughput",),
+    reference_bench: str | os.PathLike[str] | None = None,
     pruner: str = "none",
     pruner_percentile: float | None = None,
     pruner_warmup_steps: int | None = None,
@@ -348,6 +351,9 @@ def tune(
         objectives: ("throughput",) (default) or ("throughput", "loss"): also minimise the
             relative loss deviation from the baseline; the result then has a Pareto front,
             whose fastest feasible members are confirmed. The loss constraint stays.
+        reference_bench: A `torsh-tune bench` run of this fabric (its bench_model.json): the
+            configurations its alpha-beta model predicts fastest for the baseline run
+            (`predict.model_candidates`) are enqueued after the advisor's (role "model").
         pruner: "none" (default), "median" or "percentile": stop a trial whose running
             median throughput falls behind the completed trials' at the same measured step
             (single objective only). Baseline and confirmation runs are never pruned.
@@ -393,6 +399,7 @@ def tune(
     if not Path(script).is_file():
         raise invalid("script", "an existing file", str(script))
     optuna_sampler = make_sampler(sampler, seed=seed, n_trials=n_trials)
+    comm_model = load_model(reference_bench) if reference_bench is not None else None
     run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
     optuna_pruner, prune_percentile = _pruner(
         pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=pruner_percentile,
@@ -485,7 +492,8 @@ def tune(
         base=base_config,
         **dict(space_options or {}),
     )
-    _seed_study(study, space, stored["run_dirs"], initial_params)
+    _seed_study(study, space, stored["run_dirs"], initial_params, comm_model=comm_model,
+                reference_bench=reference_bench)
 
     # -- search --------------------------------------------------------------------------
     def finished() -> int:
@@ -596,9 +604,9 @@ def tune(
     return result
 
 
-def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str],
-                initial_params: Sequence[Mapping[str, Any]]) -> None:
-    """Enqueue trial 0 (PyTorch defaults), `initial_params`, then the advisor's candidates.
+def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str], initial_params: Sequence[Mapping[str, Any]], *,
+                comm_model: CommModel | None = None, reference_bench: Any = None) -> None:
+    """Enqueue trial 0 (PyTorch defaults), `initial_params`, the advisor's candidates, then the model's.
 
     Only into a study without trials: a resumed study already holds them (run or waiting).
     """
@@ -607,11 +615,45 @@ def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str],
     study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
     for params in initial_params:
         study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
-    _enqueue_advisor(study, space, run_dirs, exclude=initial_params)
+    seeded = [*initial_params, *_enqueue_advisor(study, space, run_dirs, exclude=initial_params)]
+    if comm_model is not None:
+        _enqueue_model(study, space, run_dirs, comm_model, exclude=seeded, source=str(reference_bench))
+
+
+def _enqueue_model(study, space: SearchSpace, run_dirs: Sequence[str], model: CommModel, *,
+                   exclude: Sequence[Mapping[str, Any]], source: str) -> None:
+    """Enqueue the configurations the bench's alpha-beta model predicts fastest; a failure only warns.
+
+    Predicted for the first baseline run that recorded its steps and buckets; what was
+    enqueued and skipped (and why) is kept in the study's user attr "model".
+    """
+    from .predict import model_candidates
+
+    skipped: list[str] = []
+    try:
+        candidates = []
+        for run_dir in run_dirs:
+            try:
+                candidates = model_candidates(model, run_dir, space, exclude=exclude, skipped=skipped)
+                break
+            except ConfigError as exc:  # this run recorded too little: try the next repeat
+                skipped.append(f"{run_dir}: {exc}")
+        for c in candidates:
+            study.enqueue_trial(c.params, user_attrs={"role": "model", "predicted_speedup": c.predicted_speedup,
+                                                      "predicted_why": c.why})
+        study.set_user_attr("model", {
+            "bench": source,
+            "enqueued": [{"params": c.params, "predicted_step_s": c.predicted_step_s,
+                          "baseline_predicted_step_s": c.baseline_predicted_step_s,
+                          "predicted_speedup": c.predicted_speedup, "why": c.why} for c in candidates],
+            "skipped": skipped,
+        })
+    except Exception as exc:  # noqa: BLE001 - the model only seeds the search; it must not stop it
+        _log.warning("communication-model candidates not enqueued: %s: %s", type(exc).__name__, exc)
 
 
 def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
-                     exclude: Sequence[Mapping[str, Any]]) -> None:
+                     exclude: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Enqueue the strategy advisor's candidates for the baseline run; a failure only warns.
 
     The first baseline run with advice (a recorded parameter count) is used. What was
@@ -628,7 +670,7 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
         if not rows:
             study.set_user_attr("advisor", {"enqueued": [], "skipped": [],
                                             "note": "no advice: the baseline recorded no parameter count"})
-            return
+            return []
         names = {int(r["rank"]): str(r["name"]) for r in rows}
         skipped: list[str] = []
         trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
@@ -640,8 +682,10 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
                          for rank, params in trials],
             "skipped": skipped,
         })
+        return [params for _, params in trials]
     except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
         _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
+        return []
 
 
 def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
