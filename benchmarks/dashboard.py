@@ -57,7 +57,7 @@ def synthesise(run: Path, *, num_steps: int, num_ranks: int, num_buckets: int, f
             "forward_s": fwd, "backward_s": bwd, "optimizer_s": opt, "comm_s": comm_s, "exposed_comm_s": exposed,
             "samples": 32, "num_microbatches": 1, "loss": np.where(step % 10 == 0, 2.0 / (1 + step / 1e4), np.nan),
             "peak_mem_bytes": 6e8 + rank, "warmup": step < 5,
-        })[columns_of("steps")]
+        }).reindex(columns=columns_of("steps"))  # columns the scenario does not set are null
         with open(run / "ranks" / f"rank{rank:05d}.steps.jsonl", "a") as f:
             f.write(steps.to_json(orient="records", lines=True))
         n = num_steps * num_buckets

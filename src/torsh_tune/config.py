@@ -151,7 +151,7 @@ def parse_trace_window(text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True, kw_only=True)
 class ThresholdsConfig:
-    """Bottleneck thresholds (the ToRSh guide's defaults)."""
+    """Bottleneck and alert thresholds (the ToRSh guide's defaults)."""
 
     comm_high_pct: float = _f(30.0, "Exposed communication above this % of step time is high.")
     comm_critical_pct: float = _f(50.0, "Exposed communication above this % of step time is critical.")
@@ -162,6 +162,24 @@ class ThresholdsConfig:
     io_critical_pct: float = _f(30.0, "Data-loading wait above this % of step time is critical.")
     straggler_pct: float = _f(
         10.0, "A rank later than the others by this % of the step is a straggler (medium; high above 2x, critical above 3x)."
+    )
+    alert_duration_s: float = _f(
+        10.0, "Seconds a metric must stay past its alert threshold before an alert fires (the ToRSh monitor's duration; "
+        "step-time spikes fire at once)."
+    )
+    alert_gpu_util_pct: float = _f(50.0, "Alert when a rank's GPU utilisation stays below this % (critical below half of it).")
+    alert_cpu_util_pct: float = _f(
+        50.0, "Alert when a CPU-only rank's process stays below this % of one core (it waits; critical below half of it)."
+    )
+    alert_memory_pct: float = _f(
+        90.0, "Alert when GPU memory (or the ranks' summed RSS on a host) stays above this % of capacity "
+        "(critical above memory_critical_pct)."
+    )
+    alert_comm_pct: float = _f(
+        30.0, "Alert when exposed communication stays above this % of step time (critical above comm_critical_pct)."
+    )
+    alert_step_spike_factor: float = _f(
+        3.0, "Alert when a measured step takes longer than this many times the median step (critical above twice it)."
     )
 
 
@@ -488,7 +506,7 @@ class RunConfig:
     launch: LaunchConfig = _f(LaunchConfig(), "Launch options.")
     budget: BudgetConfig = _f(BudgetConfig(), "Step and time budget.")
     profiler: ProfilerConfig = _f(ProfilerConfig(), "Always-on profiler options.")
-    thresholds: ThresholdsConfig = _f(ThresholdsConfig(), "Bottleneck thresholds.")
+    thresholds: ThresholdsConfig = _f(ThresholdsConfig(), "Bottleneck and alert thresholds.")
     strategy: StrategyConfig = _f(StrategyConfig(), "Strategy applied to the script.")
 
     # -- validation -------------------------------------------------------------------
@@ -543,8 +561,12 @@ class RunConfig:
             raise invalid("profiler.trace_max_windows", "an integer >= 1", pr.trace_max_windows)
         for f in dataclasses.fields(th):
             v = getattr(th, f.name)
-            if not 0 <= v <= 100:
+            if f.name.endswith("_pct") and not 0 <= v <= 100:
                 raise invalid(f"thresholds.{f.name}", "a percentage in [0, 100]", v)
+        if not th.alert_duration_s >= 0:
+            raise invalid("thresholds.alert_duration_s", "a number of seconds >= 0", th.alert_duration_s)
+        if not th.alert_step_spike_factor > 1.0:
+            raise invalid("thresholds.alert_step_spike_factor", "a number > 1", th.alert_step_spike_factor)
         if th.comm_high_pct > th.comm_critical_pct:
             raise invalid("thresholds.comm_high_pct", "<= thresholds.comm_critical_pct", th.comm_high_pct)
         if th.io_high_pct > th.io_critical_pct:

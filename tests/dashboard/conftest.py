@@ -36,6 +36,26 @@ def add_run(runs_dir: Path, fixture: str, name: str | None = None, *, status: st
     return dst
 
 
+def add_study(runs_dir: Path, fixture: str = "study_small", name: str | None = None) -> Path:
+    """Copy a recorded study (tests/data/<fixture>, a real `tune()`) into runs_dir as a study directory.
+
+    `new_run_dir` gives a study directory the same empty ranks/, logs/ and report/ as a run,
+    so the copy has them too: the store must still tell it is a study.
+    """
+    dst = runs_dir / (name or fixture)
+    shutil.copytree(DATA / fixture, dst)
+    for sub in ("ranks", "logs", "report"):
+        (dst / sub).mkdir(exist_ok=True)
+    return dst
+
+
+def add_planted_run(runs_dir: Path, name: str = "planted") -> Path:
+    """The planted-alerts run (tests/analysis/planted_alerts.py) written into runs_dir."""
+    from analysis.planted_alerts import write_planted_run
+
+    return write_planted_run(runs_dir / name)
+
+
 def snapshot(path: Path) -> dict[str, tuple[int, int]]:
     """Every file under path with its size and mtime (to prove the app wrote nothing)."""
     return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*"))}

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from .conftest import ARTIFACTS, add_run, snapshot
+from .conftest import ARTIFACTS, add_planted_run, add_run, add_study, snapshot
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -155,3 +155,62 @@ def test_compare_view_and_404_page(runs_dir, serve_runs, page):
     resp = page.goto(served.url + "/runs/no-such-run")
     assert resp.status == 404
     assert "No run named 'no-such-run'" in page.inner_text("body")
+
+
+def test_tuning_view_shows_the_trials_of_a_study(runs_dir, serve_runs, page):
+    add_run(runs_dir, "healthy")
+    add_study(runs_dir)  # a real recorded tune() (tests/data/record_study.py): 7 trials, 1 planted failure
+    add_study(runs_dir, "study_pareto")
+    before = snapshot(runs_dir)
+    served = serve_runs(runs_dir)
+
+    page.goto(served.url + "/")
+    page.wait_for_selector("tr.run-row[data-run='study_small'][data-kind='study']")
+    assert "Confirmed speedup" in page.inner_text("tr[data-run='study_small']")
+    assert page.get_attribute("tr[data-run='healthy']", "data-kind") == "run"
+    page.click("tr[data-run='study_small'] a")
+    page.wait_for_selector("#trials-table")
+    assert page.url.endswith("/studies/study_small")
+    states = page.eval_on_selector_all("tr.trial", "els => els.map(e => e.dataset.state)")
+    assert len(states) == 7 and states[1] == "FAIL" and states.count("COMPLETE") >= 4
+    assert "planted failure" in page.inner_text("tr.trial[data-number='1'] td.reason")
+    assert "feasible" in page.inner_text("tr.trial[data-number='0'] td.constraint")
+    assert re.fullmatch(r"\d+\.\d{3}x \(trial 0\)", page.inner_text("#tuning-speedup"))
+    assert re.fullmatch(r"\d+\.\d{3}–\d+\.\d{3}", page.inner_text("#tuning-ci"))
+    assert "confirmed faster" in page.inner_text("#confirmation-table")
+    for key in ("confirmation", "history", "importances", "parallel"):
+        page.wait_for_selector(f"#fig-tuning-{key} .main-svg")
+    assert page.query_selector("#fig-tuning-pareto") is None  # one objective: no front
+    shot(page, "tuning_study_small")
+
+    page.goto(served.url + "/studies/study_pareto")  # throughput + loss: the Pareto front
+    page.wait_for_selector("#fig-tuning-pareto .main-svg")
+    assert page.eval_on_selector_all("tr.trial", "els => els.length") >= 3
+    shot(page, "tuning_study_pareto")
+    resp = page.goto(served.url + "/studies/..%2fhealthy")
+    assert resp.status == 404
+    assert snapshot(runs_dir) == before  # nothing written into the study directories
+
+
+def test_overview_shows_alerts_of_a_planted_run_live(runs_dir, serve_runs, page):
+    run = add_planted_run(runs_dir)
+    info = json.loads((run / "run.json").read_text())
+    info.update(status="running", outcome=None)  # live: the alert list follows the records
+    (run / "run.json").write_text(json.dumps(info))
+    served = serve_runs(runs_dir, refresh_s=0.5)
+
+    page.goto(served.url + "/runs/planted")
+    page.wait_for_selector(".alert[data-kind='low_gpu_utilization']")
+    kinds = page.eval_on_selector_all(".alert", "els => els.map(e => e.dataset.kind)")
+    assert kinds == ["low_gpu_utilization", "memory_pressure", "communication_overhead", "step_time_spike"]
+    first = page.locator(".alert").first
+    assert first.get_attribute("data-severity") == "critical" and "ranks: 1" in first.inner_text()
+    shot(page, "alerts_planted")
+
+    # 20 s more of rank 0 at 5 % GPU utilisation: a fifth alert appears without a reload.
+    path = run / "ranks" / "rank00000.system.jsonl"
+    last = json.loads(path.read_text().strip().splitlines()[-1])
+    with open(path, "a") as f:
+        f.writelines(json.dumps(dict(last, t=last["t"] + 1 + i, gpu_util_pct=5.0)) + "\n" for i in range(20))
+    page.wait_for_function("document.querySelectorAll('.alert').length === 5")
+    assert page.locator(".alert[data-kind='low_gpu_utilization']").count() == 2

@@ -30,6 +30,10 @@ TRAVERSALS = [
     "/../../etc/passwd",
     "/static/../../etc/passwd",
     "/assets/x.css",
+    "/studies/../../etc/passwd",
+    "/studies/..%2f..%2fetc",
+    "/studies/%2e%2e",
+    "/studies/healthy/../..",
 ]
 
 

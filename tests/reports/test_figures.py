@@ -121,3 +121,29 @@ def test_lateness_does_not_depend_on_the_order_of_comm_records():
     frames = load_run(DATA / "straggler")
     shuffled = frames.__class__(**{**frames.__dict__, "comm": frames.comm.sample(frac=1.0, random_state=3)})
     assert F.get_rank_heatmap_info(shuffled) == F.get_rank_heatmap_info(frames)
+
+
+def test_comm_timeline_picks_the_newest_measured_steps_however_far_back():
+    frames = load_run(DATA / "healthy")
+    steps = frames.steps.copy()
+    steps["warmup"] = steps["step"] >= 3  # only steps 0-2 measured, far behind the newest collectives
+    shifted = frames.__class__(**{**frames.__dict__, "steps": steps})
+    assert F.get_comm_timeline_info(shifted).steps == (0, 1, 2)
+    assert F.get_comm_timeline_info(shifted, num_steps=1).steps == (2,)  # the first window (4 steps) holds none
+    none_measured = frames.__class__(**{**frames.__dict__, "steps": steps.assign(warmup=True)})
+    newest = sorted(set(frames.comm["step"]))[-3:]
+    assert F.get_comm_timeline_info(none_measured).steps == tuple(newest)
+    assert F.get_comm_timeline_info(frames, num_steps=0).steps == ()
+
+
+def test_study_figures_name_the_objectives_unit():
+    import dataclasses
+
+    from torsh_tune.reports import get_tuning_info
+
+    info = get_tuning_info(DATA / "study_pareto")
+    assert F.plot_optimization_history(F.get_optimization_history_info(info)).layout.yaxis.title.text == "samples/s"
+    tokens = dataclasses.replace(info, study={**info.study, "unit": "tokens/s"})
+    assert F.plot_optimization_history(F.get_optimization_history_info(tokens)).layout.yaxis.title.text == "tokens/s"
+    assert F.plot_parallel_coordinates(F.get_parallel_coordinates_info(tokens)).data[0].dimensions[-1].label == "tokens/s"
+    assert F.plot_pareto_front(F.get_pareto_front_info(tokens)).layout.yaxis.title.text == "tokens/s"

@@ -10,7 +10,8 @@ Example:
 """
 
 from ._advice import strategy_advice
-from ._analyze import analyze_run
+from ._alerts import ALERT_KINDS, ALERT_SEVERITIES, Alert, find_alerts
+from ._analyze import analyze_run, run_thresholds
 from ._bottlenecks import diagnose
 from ._comm import aligned_collectives, bus_factor, comm_stats
 from ._load import RunFrames, compact_run, load_run
@@ -36,10 +37,13 @@ from ._types import (
 )
 
 __all__ = [
+    "ALERT_KINDS",
+    "ALERT_SEVERITIES",
     "CATEGORIES",
     "EFFORTS",
     "PHASES",
     "SEVERITIES",
+    "Alert",
     "Bottleneck",
     "Breakdown",
     "CommStats",
@@ -60,11 +64,13 @@ __all__ = [
     "compact_run",
     "data_wait_by_rank",
     "diagnose",
+    "find_alerts",
     "load_run",
     "measured",
     "memory_stats",
     "phase_frame",
     "recommend",
+    "run_thresholds",
     "step_stats",
     "straggler_stats",
     "strategy_advice",

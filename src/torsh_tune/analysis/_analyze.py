@@ -9,6 +9,7 @@ from typing import Any, Callable, TypeVar
 from ..config import RunConfig, ThresholdsConfig
 from ..errors import ConfigError
 from ._advice import strategy_advice
+from ._alerts import find_alerts
 from ._bottlenecks import diagnose
 from ._comm import comm_stats
 from ._load import load_run
@@ -19,7 +20,7 @@ from ._steps import breakdown, measured, step_stats
 from ._stragglers import straggler_stats
 from ._types import RunAnalysis
 
-__all__ = ["analyze_run"]
+__all__ = ["analyze_run", "run_thresholds"]
 
 T = TypeVar("T")
 
@@ -46,7 +47,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     """
     frames = load_run(run_dir)
     warnings = list(frames.warnings)
-    th = thresholds or _thresholds_of(frames.config, warnings)
+    th = thresholds or run_thresholds(frames.config, warnings)
     steps, comm, more = measured(frames.steps, frames.comm)
     warnings += more
 
@@ -85,6 +86,8 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         frames.meta, frames.info, frames.system, frames.world_size, config=frames.config, warnings=warnings,
     ), ())
 
+    alerts = guarded("alerts", lambda: find_alerts(frames, thresholds=th), ())
+
     status = run_status(frames.info)
     partial = _partial(status, frames.exits, frames.world_size, warnings)
     return RunAnalysis(
@@ -104,6 +107,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         bottlenecks=bottlenecks,
         recommendations=recs,
         advice=advice,
+        alerts=alerts,
     )
 
 
@@ -123,7 +127,8 @@ def _partial(status: str, exits: dict[int, dict[str, Any]], world_size: int, war
     return partial
 
 
-def _thresholds_of(config: dict[str, Any], warnings: list[str]) -> ThresholdsConfig:
+def run_thresholds(config: dict[str, Any], warnings: list[str]) -> ThresholdsConfig:
+    """The `[thresholds]` of a run's config.json (defaults when absent; a bad table is a warning)."""
     data = config.get("thresholds")
     if not isinstance(data, dict):
         return ThresholdsConfig()

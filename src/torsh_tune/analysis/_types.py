@@ -177,3 +177,5 @@ class RunAnalysis:
     # `strategy_advice`): advice_table rows + `current` (this run's strategy) + `inputs`
     # (each advisor input with its source: measured, detected or assumed).
     advice: tuple[dict[str, Any], ...] = ()
+    # Intervals where a metric stayed past an alert threshold (`find_alerts`), most severe first.
+    alerts: tuple[Any, ...] = ()

@@ -1,4 +1,4 @@
-"""The Dash app: runs list, live run overview, bottleneck cards, compare view.
+"""The Dash app: runs list, live run overview, bottleneck cards, compare view, study tuning view.
 
 One page shell (`dcc.Location` + a routing callback) so moving between pages never
 reloads the page; each page's content is filled by its own callbacks, and live pages
@@ -15,11 +15,14 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from ..analysis import RunAnalysis
-from ..reports import build_report_info, fmt_s, fmt_value, gain_text, patch_to_toml
-from ..reports.figures import FIGURE_TITLES
+from ..reports import build_report_info, fmt_bytes, fmt_s, fmt_value, gain_text, patch_to_toml
+from ..reports._format import fmt_loss_deviation, fmt_samples_s
+from ..reports._info import ALERT_COLUMNS, alert_cells
+from ..reports._tuning_markdown import _params_text, _varying
+from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES
 from ._security import RunNotFound, check_token, install_guard
 from ._store import RunRow, RunStore, status_class
-from ._views import Kpis, get_compare_info, overview_info, plot_compare_breakdown
+from ._views import Kpis, TuningView, get_compare_info, overview_info, plot_compare_breakdown, tuning_view
 
 __all__ = ["PAGE_PATHS", "create_app"]
 
@@ -29,6 +32,7 @@ PAGE_PATHS = (
     re.compile(r"/compare"),
     re.compile(r"/runs/(?P<run>[^/]+)"),
     re.compile(r"/runs/(?P<run>[^/]+)/bottlenecks"),
+    re.compile(r"/studies/(?P<run>[^/]+)"),
 )
 _SORT_KEYS = {
     "started": "started",
@@ -39,6 +43,7 @@ _SORT_KEYS = {
     "strategy": "strategy",
     "median step": "median",
     "top bottleneck": "bottleneck",
+    "kind": "kind",
 }
 _SEVERITY_ORDER = {"critical": 0, "high": 1, "medium": 2, "low": 3}
 
@@ -67,6 +72,16 @@ margin-bottom:12px} .card.severity-critical{border-left-color:#7f1d1d}.card.seve
 .card table td{padding:2px 10px 2px 0;font-size:13px} pre{background:#f3f4f6;padding:8px;border-radius:4px}
 .warnings{color:#92400e;font-size:13px} .not-found{padding:40px 0}
 .compare-table td,.compare-table th{padding:4px 12px;text-align:right} .compare-table td:first-child{text-align:left}
+.kind-study{background:#7c3aed}.kind-run{background:#9ca3af}
+.alerts{margin-bottom:12px} .alert{background:#fff;border:1px solid #e5e7eb;border-left:6px solid #d97706;
+border-radius:6px;padding:6px 12px;margin-bottom:6px;font-size:14px} .alert.severity-critical{border-left-color:#7f1d1d}
+.alert .meta{color:#6b7280;font-size:12px} .sev-warning{background:#d97706}
+.comm-model{margin-top:12px}
+table.trials{border-collapse:collapse;width:100%;background:#fff;margin-top:8px} .trials th,.trials td{padding:4px 8px;
+border-bottom:1px solid #e5e7eb;font-size:13px;text-align:left;vertical-align:top} .trials th{background:#f3f4f6}
+.trials td.num{text-align:right;font-variant-numeric:tabular-nums} tr.trial.state-FAIL td{color:#991b1b}
+tr.trial.state-PRUNED td{color:#6b7280} .verdict{border-left-color:#059669}
+.verdict.unconfirmed{border-left-color:#d97706}
 """
 
 
@@ -133,11 +148,15 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
         if path == "/compare":
             q = parse_qs((search or "").lstrip("?"))
             return _compare_page(store, (q.get("a") or [None])[0], (q.get("b") or [None])[0])
-        m = PAGE_PATHS[2].fullmatch(path) or PAGE_PATHS[3].fullmatch(path)
+        m = PAGE_PATHS[2].fullmatch(path) or PAGE_PATHS[3].fullmatch(path) or PAGE_PATHS[4].fullmatch(path)
         if m is None:
             return _not_found(f"No page at {path!r}.")
         run_id = m.group("run")
         try:
+            if store.is_study(run_id):
+                return _tuning_page(run_id, refresh_ms)
+            if path.startswith("/studies/"):
+                return _not_found(f"{run_id!r} is a run, not a study: see /runs/{run_id}.")
             status = status_class(store.info(run_id))
         except RunNotFound:
             return _not_found(f"No run named {run_id!r} in the runs directory.")
@@ -162,9 +181,11 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
     fig_ids = [f"fig-{k}" for k in FIGURE_TITLES]
 
     @app.callback(
-        [Output("overview-kpis", "children"), Output("overview-warnings", "children")]
+        [Output("overview-kpis", "children"), Output("overview-warnings", "children"),
+         Output("overview-alerts", "children")]
         + [Output(i, "figure") for i in fig_ids]
-        + [Output("overview-sig", "data"), Output("overview-tick", "disabled")],
+        + [Output("overview-comm-model", "children"), Output("overview-comm-model", "style"),
+           Output("overview-sig", "data"), Output("overview-tick", "disabled")],
         Input("overview-tick", "n_intervals"),
         State("overview-run", "data"), State("overview-sig", "data"),
     )
@@ -175,9 +196,29 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
                 raise PreventUpdate  # nothing was written since the last tick
             view = overview_info(store, run_id)
         except RunNotFound:
-            return [_not_found(f"No run named {run_id!r}."), None] + [no_update] * len(fig_ids) + [None, True]
+            return ([_not_found(f"No run named {run_id!r}."), None, None] + [no_update] * len(fig_ids)
+                    + [None, {"display": "none"}, None, True])
         figs = [view.figures[k] for k in FIGURE_TITLES]
-        return [_kpi_row(view.kpis), _warnings(view.warnings), *figs, sig, view.kpis.status != "running"]
+        comm_model = _comm_model(view.busbw_figure)
+        return [_kpi_row(view.kpis), _warnings(view.warnings), _alert_cards(view.alerts), *figs,
+                comm_model, None if comm_model else {"display": "none"}, sig, view.kpis.status != "running"]
+
+    # -- tuning (a study) -----------------------------------------------------------------
+
+    @app.callback(
+        Output("tuning-content", "children"), Output("tuning-sig", "data"), Output("tuning-tick", "disabled"),
+        Input("tuning-tick", "n_intervals"), State("tuning-run", "data"), State("tuning-sig", "data"),
+    )
+    def tuning(_n: int | None, run_id: str, last_sig: str | None) -> Any:
+        try:
+            info = store.tuning(run_id)  # cached until the study's files change
+            sig = _digest((info.generated_at, repr(info.study.get("counts"))))
+            if sig == last_sig:
+                raise PreventUpdate
+            view = tuning_view(store, run_id)
+        except RunNotFound:
+            return _not_found(f"No study named {run_id!r}."), None, True
+        return _tuning_body(view), sig, view.info.study.get("status") != "running"
 
     # -- bottlenecks --------------------------------------------------------------------
 
@@ -249,7 +290,7 @@ def _filter_rows(rows: list[RunRow], text: str) -> list[RunRow]:
         return rows
 
     def hay(r: RunRow) -> str:
-        return " ".join([r.run_id, r.status, r.raw_status, r.script, r.strategy, r.top_bottleneck,
+        return " ".join([r.run_id, r.kind, r.status, r.raw_status, r.script, r.strategy, r.top_bottleneck, r.headline,
                          str(r.world_size or "")]).lower()
 
     return [r for r in rows if all(w in hay(r) for w in words)]
@@ -263,6 +304,7 @@ def _sort_rows(rows: list[RunRow], sort: str, *, descending: bool) -> list[RunRo
             "started": r.started_at_unix, "run": r.run_id, "status": r.status, "script": r.script,
             "world": r.world_size, "strategy": r.strategy, "median": r.median_step_s,
             "bottleneck": (_SEVERITY_ORDER.get(r.top_bottleneck.split(" ")[0], 9) if r.top_bottleneck else None),
+            "kind": r.kind,
         }[key]
         return (v is None, v if v is not None else 0, r.run_id)
 
@@ -274,19 +316,21 @@ def _runs_table(rows: list[RunRow]) -> Any:
     dcc, html = _html()
     if not rows:
         return html.P("No runs match.", id="runs-empty")
-    head = html.Tr([html.Th(h) for h in ("run", "status", "script", "world size", "strategy", "median step",
-                                         "top bottleneck", "started")])
+    head = html.Tr([html.Th(h) for h in ("run", "kind", "status", "script", "world size", "strategy", "median step",
+                                         "top bottleneck / verdict", "started")])
     body = []
     for r in rows:
-        body.append(html.Tr(className=f"run-row row-{r.status}", **{"data-run": r.run_id, "data-status": r.status},
-                            children=[
-            html.Td(dcc.Link(r.run_id, href=f"/runs/{r.run_id}")),
+        href = f"/studies/{r.run_id}" if r.kind == "study" else f"/runs/{r.run_id}"
+        body.append(html.Tr(className=f"run-row row-{r.status}",
+                            **{"data-run": r.run_id, "data-status": r.status, "data-kind": r.kind}, children=[
+            html.Td(dcc.Link(r.run_id, href=href)),
+            html.Td(html.Span(r.kind, className=f"badge kind-{r.kind}")),
             html.Td(html.Span(r.status, title=r.raw_status, className=f"badge status-{r.status}")),
             html.Td(r.script),
             html.Td("" if r.world_size is None else str(r.world_size)),
             html.Td(r.strategy),
             html.Td(fmt_s(r.median_step_s) if r.median_step_s is not None else ""),
-            html.Td(r.top_bottleneck),
+            html.Td(r.headline if r.kind == "study" else r.top_bottleneck),
             html.Td(r.started_at[:19].replace("T", " ")),
         ]))
     return html.Table(className="runs", id="runs", children=[html.Thead(head), html.Tbody(body)])
@@ -314,8 +358,10 @@ def _overview_page(run_id: str, status: str, refresh_ms: int) -> Any:
         _title(run_id, status),
         _tabs(run_id, "overview"),
         html.Div(id="overview-kpis", className="kpis"),
+        html.Div(id="overview-alerts", className="alerts"),
         html.Div(id="overview-warnings", className="warnings"),
         html.Div(graphs, className="figs"),
+        html.Div(id="overview-comm-model", className="comm-model", style={"display": "none"}),
         dcc.Store(id="overview-run", data=run_id),
         dcc.Store(id="overview-sig"),
         dcc.Interval(id="overview-tick", interval=refresh_ms, disabled=False),
@@ -348,16 +394,129 @@ def _warnings(warnings: tuple[str, ...]) -> Any:
                          html.Ul([html.Li(w) for w in warnings[:50]])])
 
 
-def _bottlenecks_page(run_id: str, status: str, refresh_ms: int) -> Any:
+def _alert_cards(alerts: tuple[dict[str, Any], ...]) -> Any:
+    """One card per alert (most severe first), or a one-line all-clear."""
+    _, html = _html()
+    if not alerts:
+        return html.P("No alert: no metric stayed past its alert threshold.", id="no-alerts", className="warnings")
+    cards = [html.H3(f"Alerts ({len(alerts)})", id="alerts-title")]
+    for a in alerts:
+        c = alert_cells(a)
+        sev = c["severity"]
+        cards.append(html.Div(className=f"alert severity-{sev}", **{"data-kind": str(a.get("kind")),
+                                                                    "data-severity": sev}, children=[
+            html.Span(sev, className=f"badge sev-{sev}"), " ", html.B(c["alert"]), " ",
+            html.Span(c["message"]),
+            html.Div(" · ".join(f"{k}: {c[k]}" for k in ALERT_COLUMNS[2:]), className="meta"),
+        ]))
+    return cards
+
+
+def _comm_model(figure: Any) -> Any:
+    """The overview's communication-vs-bench section, or None without a bench model or reference."""
     dcc, html = _html()
-    return html.Div([
-        _title(run_id, status),
-        _tabs(run_id, "bottlenecks"),
-        html.Div(id="bn-content", children=html.P("analysing…")),
-        dcc.Store(id="bn-run", data=run_id),
-        dcc.Store(id="bn-sig"),
-        dcc.Interval(id="bn-tick", interval=max(refresh_ms, 5000), disabled=False),
-    ])
+    if figure is None:
+        return None
+    return [html.H3("Communication vs the bench model"),
+            dcc.Graph(id="fig-busbw_model", figure=figure, config={"displaylogo": False})]
+
+
+def _tuning_page(run_id: str, refresh_ms: int) -> Any:
+    _, html = _html()
+    return html.Div([html.H2([run_id, " ", html.Span("study", className="badge kind-study")]),
+                     *_live_panel("tuning", run_id, "reading the study…", refresh_ms)])
+
+
+def _live_panel(prefix: str, run_id: str, placeholder: str, refresh_ms: int) -> list[Any]:
+    """A panel its callback refills: `{prefix}-content`, the run id and last signature, a slow tick."""
+    dcc, html = _html()
+    return [html.Div(id=f"{prefix}-content", children=html.P(placeholder)),
+            dcc.Store(id=f"{prefix}-run", data=run_id),
+            dcc.Store(id=f"{prefix}-sig"),
+            dcc.Interval(id=f"{prefix}-tick", interval=max(refresh_ms, 5000), disabled=False)]
+
+
+def _tuning_body(view: TuningView) -> Any:
+    """The study page: verdict, baseline vs best with its CI, figures, trials table."""
+    dcc, html = _html()
+    info = view.info
+    status = str(info.study.get("status") or "unknown")
+    counts = info.study.get("counts") or {}
+    b, best = info.baseline or {}, info.best or {}
+    unit = str(info.study.get("unit") or "samples/s")
+    kpis = [("status", status, "tuning-status"),
+            ("trials", f"{counts.get('complete', 0)} complete / {counts.get('trials', 0)}", "tuning-trials"),
+            ("baseline (median)", fmt_samples_s(b.get("median_samples_s"), unit), "tuning-baseline"),
+            ("baseline noise", f"{b['noise_pct']:.1f} %" if b.get("noise_pct") is not None else "–", "tuning-noise")]
+    if best.get("speedup") is not None:
+        kpis += [("confirmed speedup", f"{best['speedup']:.3f}x (trial {best.get('trial')})", "tuning-speedup"),
+                 ("95 % CI", f"{best['ci_low']:.3f}–{best['ci_high']:.3f}", "tuning-ci")]
+
+    def graph(key: str) -> Any:
+        fig = view.figures.get(key)
+        return dcc.Graph(id=f"fig-tuning-{key}", figure=fig, config={"displaylogo": False}) if fig else None
+
+    out: list[Any] = [
+        html.Div(className="card verdict" + ("" if info.verdict.get("confirmed") else " unconfirmed"),
+                 id="tuning-verdict", children=[html.H4(str(info.verdict.get("title") or "")),
+                                                html.P(str(info.verdict.get("text") or ""))]),
+        html.Div(className="kpis", children=[
+            html.Div(className="kpi", children=[html.Div(label, className="label"), html.Div(value, className="value",
+                                                                                          id=i)])
+            for label, value, i in kpis]),
+    ]
+    if info.confirmations:
+        out += [html.H3("Baseline vs best: confirmation"), graph("confirmation"), _confirmation_table(info)]
+    out += [html.H3("Search"),
+            html.Div([graph(k) for k in TUNING_FIGURE_TITLES if k in view.figures], className="figs"),
+            html.H3(f"Trials ({len(info.trials)})"), _trials_table(info)]
+    if info.warnings:
+        out.append(_warnings(info.warnings))
+    return out
+
+
+def _confirmation_table(info: Any) -> Any:
+    _, html = _html()
+    head = html.Tr([html.Th(h) for h in ("trial", "pairs", "paired speedup", "95 % CI", "verdict")])
+    rows = [html.Tr([html.Td(str(c["trial"])), html.Td(str(c.get("pairs") or 0)),
+                     html.Td("–" if c["speedup"] is None else f"{c['speedup']:.3f}x"),
+                     html.Td("–" if c.get("ci_low") is None else f"{c['ci_low']:.3f}–{c['ci_high']:.3f}"),
+                     html.Td(str(c.get("verdict") or ""))]) for c in info.confirmations]
+    return html.Table(className="trials", id="confirmation-table", children=[html.Thead(head), html.Tbody(rows)])
+
+
+def _trials_table(info: Any) -> Any:
+    """Every trial: state, role, objective, constraint status, the parameters that varied, why it failed."""
+    _, html = _html()
+    if not info.trials:
+        return html.P("No trial has been recorded yet.", id="no-trials")
+    varying = _varying(info)
+    unit = str(info.study.get("unit") or "samples/s")
+    head = html.Tr([html.Th(h) for h in ("trial", "state", "role", unit, "vs baseline", "loss deviation",
+                                         "constraints", "peak memory", "parameters", "failure reason")])
+    body = []
+    for t in info.trials:
+        mark = "★ " if t["number"] == info.best.get("trial") else ""
+        body.append(html.Tr(className=f"trial state-{t['state']}",
+                            **{"data-number": str(t["number"]), "data-state": str(t["state"])}, children=[
+            html.Td(f"{mark}{t['number']}", className="num"),
+            html.Td(str(t["state"])),
+            html.Td(t.get("role") or "sampler"),
+            html.Td(fmt_samples_s(t.get("samples_s"), unit), className="num"),
+            html.Td(f"{t['vs_baseline']:.2f}x" if t.get("vs_baseline") is not None else "–", className="num"),
+            html.Td(fmt_loss_deviation(t.get("loss_deviation")), className="num"),
+            html.Td(t.get("constraint_status") or "–", className="constraint"),
+            html.Td(fmt_bytes(t["peak_mem_bytes"]) if t.get("peak_mem_bytes") is not None else "–", className="num"),
+            html.Td(_params_text(t.get("params") or {}, varying)),
+            html.Td(t.get("failure_reason") or "", className="reason"),
+        ]))
+    return html.Table(className="trials", id="trials-table", children=[html.Thead(head), html.Tbody(body)])
+
+
+def _bottlenecks_page(run_id: str, status: str, refresh_ms: int) -> Any:
+    _, html = _html()
+    return html.Div([_title(run_id, status), _tabs(run_id, "bottlenecks"),
+                     *_live_panel("bn", run_id, "analysing…", refresh_ms)])
 
 
 def _cards(analysis: RunAnalysis) -> Any:

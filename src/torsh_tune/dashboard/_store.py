@@ -2,8 +2,11 @@
 
 A live run's JSONL files only grow, so each file is read from where the last read
 stopped (complete lines only: a line still being written waits for the next refresh),
-and a run's `RunFrames` are rebuilt only when a file's size or mtime changed. Nothing
-here writes into a run directory.
+and a run's `RunFrames` are rebuilt only when a file's size or mtime changed. Study
+directories (`torsh-tune tune` and the main job write them into the same runs directory)
+are listed too, as kind "study", and read as a `TuningInfo` that is rebuilt only when the
+study's files change; a study's Optuna storage is opened read-only. Nothing here writes
+into a run or study directory.
 """
 
 from __future__ import annotations
@@ -28,15 +31,29 @@ import pyarrow.parquet as pq
 
 from ..analysis import RunAnalysis, RunFrames, analyze_run
 from ..records import RECORD_KINDS, columns_of
+from ..reports import TuningInfo, get_tuning_info
 from ..rundir import RunDir
 from ._security import RUN_ID_RE, RunNotFound, resolve_run
 
-__all__ = ["RunRow", "RunStore", "status_class"]
+__all__ = ["RunRow", "RunStore", "is_study_dir", "status_class"]
 
 _RANK_FILE_RE = re.compile(r"^rank(\d+)\.(steps|comm|system)\.jsonl$")
 _RANK_DOC_RE = re.compile(r"^rank(\d+)\.(meta|exit)\.json$")
 _DONE = ("ok", "budget")
 _KEYS = ("rank", "step", "seq")
+# The files a TuningInfo is read from: a change to any of them rebuilds it.
+_STUDY_FILES = ("result.json", "study.db", "summary.json", "trials.parquet", "trials.csv")
+_STUDY_STATUS = {"finished": "finished", "running": "running", "interrupted": "failed"}
+
+
+def is_study_dir(path: Path) -> bool:
+    """A study directory: results, an Optuna storage, trial tables or the main job's first steps, and no run.json."""
+    if (path / "result.json").is_file():
+        return True
+    if (path / "run.json").is_file():
+        return False
+    return any((path / n).is_file() for n in ("study.db", "trials.csv")) or any(
+        (path / d).is_dir() for d in ("baseline", "profile", "trials"))
 
 
 def status_class(info: dict[str, Any]) -> str:
@@ -65,6 +82,8 @@ class RunRow:
     top_bottleneck: str  # "severity category", "" when none
     started_at: str
     started_at_unix: float | None
+    kind: str = "run"  # "run", or "study" (a tuning study: its page is /studies/<id>)
+    headline: str = ""  # a study's verdict ("Confirmed speedup 1.180x"), "" for a run
 
 
 # -- incremental JSONL ------------------------------------------------------------------
@@ -186,6 +205,8 @@ class _RunCache:
     analysis: RunAnalysis | None = None
     analysis_signature: tuple = ()
     analysis_at: float = 0.0
+    tuning: TuningInfo | None = None
+    tuning_signature: tuple = ()
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -221,7 +242,7 @@ class RunStore:
     # -- runs ---------------------------------------------------------------------------
 
     def run_ids(self) -> list[str]:
-        """Names of the run directories (those with run.json or ranks/), newest first."""
+        """Names of the run and study directories (those with run.json or ranks/, or a study's files), newest first."""
         try:
             entries = list(os.scandir(self.runs_dir))
         except OSError:
@@ -231,7 +252,7 @@ class RunStore:
             if not RUN_ID_RE.match(e.name) or not e.is_dir(follow_symlinks=False):
                 continue
             p = Path(e.path)
-            if (p / "run.json").is_file() or (p / "ranks").is_dir():
+            if (p / "run.json").is_file() or (p / "ranks").is_dir() or is_study_dir(p):
                 ids.append(e.name)
         return sorted(ids, reverse=True)
 
@@ -255,8 +276,33 @@ class RunStore:
                 continue  # removed between listing and reading
         return rows
 
+    def is_study(self, run_id: str) -> bool:
+        """Whether `run_id` names a study directory (raises RunNotFound for no such directory)."""
+        return is_study_dir(self.path(run_id))
+
+    def tuning(self, run_id: str) -> TuningInfo:
+        """The study's TuningInfo, rebuilt only when one of its files changed.
+
+        Raises:
+            RunNotFound: no such directory, or not a study.
+        """
+        cache = self._cache(run_id)
+        with cache.lock:
+            if not is_study_dir(cache.path):
+                raise RunNotFound(run_id)
+            sig = tuple((n, _stat_key(cache.path / n)) for n in _STUDY_FILES)
+            if cache.tuning is None or sig != cache.tuning_signature:
+                db = cache.path / "study.db"
+                # Read-only: opening the storage for writing could change the study under its tuner.
+                storage = f"sqlite:///file:{db.resolve()}?mode=ro&uri=true" if db.is_file() else None
+                cache.tuning = get_tuning_info(cache.path, storage=storage if _storage_is_newer(cache.path) else None)
+                cache.tuning_signature = sig
+            return cache.tuning
+
     def row(self, run_id: str) -> RunRow:
-        """The runs-list row of one run."""
+        """The runs-list row of one run or study."""
+        if self.is_study(run_id):
+            return self._study_row(run_id)
         info = self.info(run_id)
         status = status_class(info)
         median, top = self._summary(run_id, info, status)
@@ -318,6 +364,35 @@ class RunStore:
             return cache.analysis
 
     # -- internals ----------------------------------------------------------------------
+
+    def _study_row(self, run_id: str) -> RunRow:
+        t = self.tuning(run_id)
+        first = next(iter((t.baseline or {}).get("run_dirs") or []), None)
+        base: dict[str, Any] = {}
+        root = self.path(run_id)
+        path = (root / first).resolve() if first else None
+        if path is not None and path.is_relative_to(root):  # never read outside the study directory
+            cache = self._cache(run_id)  # the baseline run's run.json says what ran (the study has none)
+            with cache.lock:
+                base = self._doc(cache, path / "run.json") or {}
+        started = base.get("started_at_unix")
+        world = base.get("world_size")
+        raw = str(t.study.get("status") or "unknown")
+        counts = t.study.get("counts") or {}
+        return RunRow(
+            run_id=run_id,
+            status=_STUDY_STATUS.get(raw, "unknown"),
+            raw_status=raw,
+            script=Path(str((t.summary or {}).get("script") or base.get("script") or "")).name,
+            world_size=world if isinstance(world, int) else None,
+            strategy=f"{counts.get('trials', 0)} trials",
+            median_step_s=None,
+            top_bottleneck="",
+            started_at=str(base.get("started_at") or ""),
+            started_at_unix=float(started) if isinstance(started, (int, float)) else None,
+            kind="study",
+            headline=str(t.verdict.get("title") or ""),
+        )
 
     def _cache(self, run_id: str) -> _RunCache:
         path = self.path(run_id)
@@ -469,3 +544,14 @@ def _world_size(ranks: set[int], meta: dict[int, dict], info: dict, config: dict
             candidates.append(launch["nproc_per_node"] * (nnodes if isinstance(nnodes, int) else 1))
     return max(candidates)
 
+
+
+def _storage_is_newer(study: Path) -> bool:
+    """Whether get_tuning_info would read study.db (no result.json, or a storage written after it)."""
+    db, result = study / "study.db", study / "result.json"
+    if not db.is_file():
+        return False
+    try:
+        return not result.is_file() or db.stat().st_mtime > result.stat().st_mtime + 1.0
+    except OSError:
+        return False

@@ -1,12 +1,14 @@
 """What each page shows, as data (computed server-side), apart from the Dash components.
 
 `overview_info` is the live overview's whole server-side work (incremental read, KPIs,
-every figure of `reports.figures`); the benchmark times it. `get_compare_info` /
-`plot_compare_breakdown` are the compare view's data and drawing.
+alerts, every figure of `reports.figures`); the benchmark times it. `get_compare_info` /
+`plot_compare_breakdown` are the compare view's data and drawing; `tuning_view` is a
+study's page (its `TuningInfo` and figures).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -14,15 +16,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis import PHASES, RunAnalysis, RunFrames
-from ..reports.figures import DEFAULT_MAX_POINTS, build_figures
+from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds
+from ..reports import TuningInfo
+from ..reports.figures import (
+    DEFAULT_MAX_POINTS,
+    build_figures,
+    build_tuning_figures,
+    get_busbw_model_info,
+    get_confirmation_info,
+    plot_busbw_model,
+    plot_confirmation,
+    reference_model,
+)
 from ._store import RunStore, status_class
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["CompareInfo", "Kpis", "OverviewInfo", "get_compare_info", "get_kpis", "overview_info",
-           "plot_compare_breakdown"]
+__all__ = ["CompareInfo", "Kpis", "OverviewInfo", "TuningView", "get_compare_info", "get_kpis", "overview_info",
+           "plot_compare_breakdown", "tuning_view"]
+
+#: Measured steps the live busbw-vs-model figure reads (the newest): its cost stays flat as a run grows.
+BUSBW_LIVE_STEPS = 200
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +61,8 @@ class OverviewInfo:
     kpis: Kpis
     figures: dict[str, "go.Figure"]
     warnings: tuple[str, ...]
+    alerts: tuple[dict[str, Any], ...] = ()  # `Alert`s as dicts (ReportInfo.alerts rows), most severe first
+    busbw_figure: "go.Figure | None" = None  # measured vs bench busbw, only with a bench model or reference
 
 
 def get_kpis(frames: RunFrames) -> Kpis:
@@ -81,8 +98,47 @@ def overview_info(store: RunStore, run_id: str, *, max_points: int = DEFAULT_MAX
         RunNotFound: `run_id` is not a run of the store.
     """
     frames = store.frames(run_id)
+    warnings = list(frames.warnings)
+    alerts = find_alerts(frames, thresholds=run_thresholds(frames.config, warnings))
     return OverviewInfo(kpis=get_kpis(frames), figures=build_figures(frames, max_points=max_points),
-                        warnings=frames.warnings)
+                        warnings=tuple(warnings), alerts=tuple(dataclasses.asdict(a) for a in alerts),
+                        busbw_figure=_busbw_figure(frames))
+
+
+def _busbw_figure(frames: RunFrames) -> "go.Figure | None":
+    ref = frames.info.get("reference_busbw_gbps")
+    if frames.comm.empty or not (frames.info.get("reference_bench") or isinstance(ref, (int, float))):
+        return None
+    model = reference_model(frames.info)
+    info = get_busbw_model_info(frames, model, last_steps=BUSBW_LIVE_STEPS)
+    if info.empty or (model is None and info.reference_busbw_gbps is None):
+        return None
+    return plot_busbw_model(info)
+
+
+# -- tuning ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuningView:
+    """A study's page: its TuningInfo and figures (`TUNING_FIGURE_TITLES` keys, plus "confirmation")."""
+
+    info: TuningInfo
+    figures: dict[str, "go.Figure"]
+
+
+def tuning_view(store: RunStore, run_id: str) -> TuningView:
+    """The study's data and figures, as the study report draws them, plus the confirmation's CIs.
+
+    Raises:
+        RunNotFound: `run_id` is not a study of the store.
+    """
+    info = store.tuning(run_id)
+    figures = build_tuning_figures(info)
+    confirmation = get_confirmation_info(info)
+    if not confirmation.empty:
+        figures["confirmation"] = plot_confirmation(confirmation)
+    return TuningView(info=info, figures=figures)
 
 
 # -- compare ------------------------------------------------------------------------------

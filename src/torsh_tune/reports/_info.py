@@ -19,7 +19,7 @@ from typing import Any
 from ..analysis import PHASES, RunAnalysis
 from ..errors import invalid
 
-__all__ = ["REPORT_SCHEMA_VERSION", "ReportInfo", "build_report_info"]
+__all__ = ["ALERT_COLUMNS", "REPORT_SCHEMA_VERSION", "ReportInfo", "alert_cells", "build_report_info"]
 
 #: Version of the ReportInfo/report.json layout; bumped on incompatible changes.
 REPORT_SCHEMA_VERSION = 1
@@ -67,6 +67,10 @@ class ReportInfo:
             cluster, best first: rank, name, kind, score, memory_per_rank_bytes/_gb, fits,
             config_patch, reasons, current (the run's own strategy) and inputs (name,
             value, source measured/detected/assumed, detail; the same in every row).
+        alerts: intervals where a metric stayed past an alert threshold for at least the
+            alert duration (`analysis.find_alerts`): kind, severity, metric, comparison,
+            threshold, peak, ranks, start_s, end_s, duration_s, start_step, end_step,
+            num_samples, message; most severe first.
         partial: the run did not end cleanly on every rank; numbers cover what was recorded.
         warnings: what was missing or odd while analysing.
 
@@ -89,6 +93,7 @@ class ReportInfo:
     bottlenecks: tuple[dict[str, Any], ...] = ()
     recommendations: tuple[dict[str, Any], ...] = ()
     strategy_advice: tuple[dict[str, Any], ...] = ()
+    alerts: tuple[dict[str, Any], ...] = ()
     partial: bool = False
     warnings: tuple[str, ...] = ()
 
@@ -117,7 +122,7 @@ class ReportInfo:
         if unknown:
             raise invalid("report key", f"one of {sorted(names)}", unknown[0])
         kwargs = dict(data)
-        for name in ("breakdown", "bottlenecks", "recommendations", "strategy_advice", "warnings"):
+        for name in ("breakdown", "bottlenecks", "recommendations", "strategy_advice", "alerts", "warnings"):
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
@@ -158,9 +163,50 @@ def build_report_info(analysis: RunAnalysis, *, generated_at: str | None = None)
         bottlenecks=tuple(_plain([dataclasses.asdict(b) for b in a.bottlenecks])),
         recommendations=tuple(_plain([dataclasses.asdict(r) for r in a.recommendations])),
         strategy_advice=tuple(_plain(list(a.advice))),
+        alerts=tuple(_plain([dataclasses.asdict(x) for x in a.alerts])),
         partial=bool(a.partial),
         warnings=tuple(str(w) for w in a.warnings),
     )
+
+
+#: Columns of an alerts table (Markdown, HTML, dashboard), in order; see `alert_cells`.
+ALERT_COLUMNS = ("severity", "alert", "ranks", "steps", "when", "duration", "worst", "threshold")
+
+
+def alert_cells(alert: dict[str, Any]) -> dict[str, str]:
+    """One `ReportInfo.alerts` row as the display strings of `ALERT_COLUMNS` (and "message").
+
+    Example:
+        >>> alert_cells({"severity": "warning", "kind": "communication_overhead", "ranks": [0, 1],
+        ...              "start_step": 5, "end_step": 29, "start_s": 1.6, "end_s": 4.2, "duration_s": 2.7,
+        ...              "metric": "exposed_comm_pct", "comparison": "above", "peak": 46.4,
+        ...              "threshold": 30.0, "message": "m"})["worst"]
+        '46.4 %'
+    """
+    ranks = alert.get("ranks") or []
+    first, last = alert.get("start_step"), alert.get("end_step")
+    steps = ("–" if first is None and last is None
+             else str(first) if first == last else f"{_dash(first)}–{_dash(last)}")
+    unit = "x" if str(alert.get("metric", "")).endswith("_ratio") else " %"
+
+    def num(v: Any) -> str:
+        return "–" if v is None else f"{v:.3g}{unit}"
+
+    return {
+        "severity": str(alert.get("severity", "")),
+        "alert": str(alert.get("kind", "")).replace("_", " "),
+        "ranks": ", ".join(map(str, ranks)) or "–",
+        "steps": steps,
+        "when": f"{alert.get('start_s', 0.0):,.1f}–{alert.get('end_s', 0.0):,.1f} s",
+        "duration": f"{alert.get('duration_s', 0.0):,.1f} s",
+        "worst": num(alert.get("peak")),
+        "threshold": f"{alert.get('comparison', '')} {num(alert.get('threshold'))}".strip(),
+        "message": str(alert.get("message", "")),
+    }
+
+
+def _dash(v: Any) -> str:
+    return "…" if v is None else str(v)
 
 
 def _run_section(a: RunAnalysis) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ._format import (
     fmt_value,
     gain_text,
 )
-from ._info import ReportInfo
+from ._info import ALERT_COLUMNS, ReportInfo, alert_cells
 from ._json import _write_atomic
 from ._patch import patch_to_dotted, patch_to_toml
 
@@ -61,6 +61,7 @@ def render_markdown(info: ReportInfo) -> str:
     out += _summary(info)
     out += _breakdown(info)
     out += _bottlenecks(info)
+    out += _alerts(info)
     out += _recommendations(info)
     out += _strategy_advice(info)
     out += _communication(info)
@@ -147,6 +148,18 @@ def _bottlenecks(info: ReportInfo) -> list[str]:
             out += [f"| `{k}` | {_cell(fmt_value(k, v))} |" for k, v in evidence.items()]
             out.append("")
     return out
+
+
+def _alerts(info: ReportInfo) -> list[str]:
+    if not info.alerts:
+        return []  # reports written before alerts existed, and runs without any
+    out = ["## Alerts", "", f"{len(info.alerts)} interval(s) where a metric stayed past its alert threshold "
+           "(`[thresholds] alert_*`):", ""]
+    out += ["| " + " | ".join(ALERT_COLUMNS) + " |", "|" + "---|" * len(ALERT_COLUMNS)]
+    for a in info.alerts:
+        cells = alert_cells(a)
+        out.append("| " + " | ".join(_cell(cells[c]) for c in ALERT_COLUMNS) + " |")
+    return out + [""]
 
 
 def _recommendations(info: ReportInfo) -> list[str]:

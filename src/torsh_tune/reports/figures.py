@@ -30,6 +30,10 @@ Public functions:
   `plot_utilization(info)`: memory (RSS, GPU memory) and CPU/GPU utilisation over time.
 - `get_loss_info(frames, *, max_points=2000) -> LossInfo`, `plot_loss(info)`: the loss
   recorded every `profiler.loss_every` steps, mean across ranks, min/median/max band.
+- `reference_model(info) -> CommModel | None`, `get_busbw_model_info(frames, model, *,
+  reference_busbw_gbps=None) -> BusbwModelInfo`, `plot_busbw_model(info)`: each DDP
+  bucket's measured bus bandwidth against the bench's alpha-beta prediction for its size
+  (the run's `--reference-bench`); drawn only when a model or reference exists.
 - `build_figures(frames, *, max_points=2000) -> dict[str, Figure]`: every figure above,
   keyed by `FIGURE_TITLES` order; empty-data figures say "no data" instead of failing.
 - `downsample(x, y, *, max_points) -> Downsampled`: the bucket aggregation all of them
@@ -47,6 +51,9 @@ Figures of a study (a `TuningInfo`, from `get_tuning_info(study_dir)`):
 - `get_pareto_front_info(info) -> ParetoFrontInfo`, `plot_pareto_front(info)`: throughput
   vs loss deviation with the Pareto front of a throughput+loss study.
 - `build_tuning_figures(info) -> dict[str, Figure]`: those, keyed as `TUNING_FIGURE_TITLES`.
+- `get_confirmation_info(info) -> ConfirmationInfo`, `plot_confirmation(info)`: each
+  confirmed candidate's paired speedup over the baseline with its 95 % CI, against 1 and
+  the baseline's noise (the dashboard's tuning view).
 
 Example:
     >>> from torsh_tune.analysis import load_run  # doctest: +SKIP
@@ -59,17 +66,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..analysis import PHASES, RunFrames, phase_frame
+from ..analysis import PHASES, RunFrames, aligned_collectives, bus_factor, phase_frame
 from ._format import PHASE_LABELS
 from ._tuning import TuningInfo
 
 if TYPE_CHECKING:  # plotly is loaded lazily, by the plot functions only
     import plotly.graph_objects as go
+
+    from ..bench.model import CommModel
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
@@ -77,7 +87,9 @@ __all__ = [
     "PHASE_COLORS",
     "TUNING_FIGURE_TITLES",
     "BreakdownInfo",
+    "BusbwModelInfo",
     "CommTimelineInfo",
+    "ConfirmationInfo",
     "Downsampled",
     "ImportanceInfo",
     "LossInfo",
@@ -94,7 +106,9 @@ __all__ = [
     "build_tuning_figures",
     "downsample",
     "get_breakdown_info",
+    "get_busbw_model_info",
     "get_comm_timeline_info",
+    "get_confirmation_info",
     "get_importance_info",
     "get_loss_info",
     "get_optimization_history_info",
@@ -105,7 +119,9 @@ __all__ = [
     "get_resource_info",
     "get_step_series_info",
     "plot_breakdown",
+    "plot_busbw_model",
     "plot_comm_timeline",
+    "plot_confirmation",
     "plot_importances",
     "plot_loss",
     "plot_memory",
@@ -116,6 +132,7 @@ __all__ = [
     "plot_rank_heatmap",
     "plot_step_series",
     "plot_utilization",
+    "reference_model",
 ]
 
 #: Points per series a figure carries at most (per rank for per-rank series, split evenly).
@@ -393,8 +410,7 @@ def get_comm_timeline_info(
     if steps is None:
         candidates = comm["step"] if not comm.empty else st["step"]
         measured = st.loc[~st["warmup"].astype(bool), "step"] if not st.empty else pd.Series(dtype="int64")
-        pool = sorted(set(candidates.unique()) & set(measured.unique())) or sorted(candidates.unique())
-        steps = pool[-num_steps:] if num_steps > 0 else []
+        steps = _newest_steps(candidates.to_numpy(np.int64), measured.to_numpy(np.int64), num_steps)
     chosen = tuple(int(s) for s in steps)
     c = comm[comm["step"].isin(chosen)] if not comm.empty else comm
     s = st[st["step"].isin(chosen)] if not st.empty else st
@@ -420,6 +436,27 @@ def get_comm_timeline_info(
         bytes=_floats(c["bytes"].to_numpy(dtype=float)),
         step_bounds=bounds,
     )
+
+
+def _newest_steps(candidates: np.ndarray, measured: np.ndarray, num: int) -> list[int]:
+    """The newest `num` steps among `candidates` that are measured too (all candidates when none is).
+
+    Looks at a window of the newest steps first and widens it only when it holds too few: a
+    live 100 000-step run must not sort every step to find the last three.
+    """
+    if num <= 0 or len(candidates) == 0:
+        return []
+    newest, oldest = int(candidates.max()), int(candidates.min())
+    window = 4 * num
+    while True:
+        lo = newest - window
+        pool = np.intersect1d(candidates[candidates > lo], measured[measured > lo])
+        if len(pool) >= num or lo < oldest:
+            break
+        window *= 4
+    if len(pool) == 0:  # nothing measured among them (a short or crashed run): the newest collectives
+        pool = np.unique(candidates)
+    return [int(x) for x in pool[-num:]]
 
 
 def get_overlap_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) -> OverlapInfo:
@@ -806,6 +843,178 @@ def build_figures(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS) ->
     }
 
 
+# -- measured bus bandwidth vs the bench's alpha-beta model -------------------------------
+
+#: Title of `plot_busbw_model` (not part of `build_figures`: it needs a bench reference).
+BUSBW_MODEL_TITLE = "Bus bandwidth per bucket: measured vs bench model"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusbwModelInfo:
+    """Each (bucket, collective) of the measured steps: its size, measured and predicted busbw.
+
+    Measured busbw is nccl-tests' bus bandwidth of each collective (wire bytes x bus factor
+    / wire time, the fastest rank's time without queueing, as `analysis.comm_stats`
+    computes it), median over steps, with its quartiles. The prediction is the bench's
+    alpha-beta fit of the same collective at the bucket's size and this run's world size:
+    busbw = factor x size / (alpha + factor x size x beta); NaN without a fit.
+    """
+
+    bucket: tuple[int, ...]
+    collective: tuple[str, ...]
+    size_bytes: _FloatTuple  # median wire bytes of the bucket
+    measured_busbw_gbps: _FloatTuple  # median over steps
+    measured_q25_gbps: _FloatTuple
+    measured_q75_gbps: _FloatTuple
+    model_busbw_gbps: _FloatTuple
+    curve_size_bytes: _FloatTuple  # the model's prediction over the sizes shown, for the line
+    curve_busbw_gbps: _FloatTuple
+    reference_busbw_gbps: float | None  # run.json's reference (the bench's large-message busbw)
+    model_label: str  # what the model is, in words ("" without one)
+    num_steps: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.bucket
+
+
+def reference_model(info: dict[str, Any]) -> "CommModel | None":
+    """The alpha-beta model of the bench run a run was profiled against, or None.
+
+    `profile --reference-bench BENCH_RUN` records the bench run's path in run.json
+    (`reference_bench`); its `bench_model.json` is the model. Only that one file name is
+    read, and an unreadable or missing model is None (the figure then shows the reference
+    busbw alone, if run.json has one).
+    """
+    from ..bench.model import MODEL_FILE, load_model
+    from ..errors import TorshTuneError
+
+    bench = info.get("reference_bench")
+    if not isinstance(bench, str) or not bench:
+        return None
+    try:
+        return load_model(Path(bench) / MODEL_FILE)
+    except (TorshTuneError, OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def get_busbw_model_info(frames: RunFrames, model: "CommModel | None", *, reference_busbw_gbps: float | None = None,
+                         last_steps: int | None = None) -> BusbwModelInfo:
+    """Measured busbw per bucket of the run's measured steps, and the model's prediction at its size.
+
+    Args:
+        frames: the run (its comm records; warm-up steps are left out).
+        model: the bench's fitted model (`reference_model(frames.info)`), or None.
+        reference_busbw_gbps: the reference line (default: run.json's `reference_busbw_gbps`).
+        last_steps: only the newest this many steps with collectives (a live view); None: all.
+
+    Example:
+        >>> info = get_busbw_model_info(frames, reference_model(frames.info))  # doctest: +SKIP
+        >>> info.size_bytes, info.measured_busbw_gbps, info.model_busbw_gbps  # doctest: +SKIP
+    """
+    if reference_busbw_gbps is None:
+        ref = frames.info.get("reference_busbw_gbps")
+        reference_busbw_gbps = float(ref) if isinstance(ref, (int, float)) and ref > 0 else None
+    label = _model_label(model)
+    empty = BusbwModelInfo(bucket=(), collective=(), size_bytes=(), measured_busbw_gbps=(), measured_q25_gbps=(),
+                           measured_q75_gbps=(), model_busbw_gbps=(), curve_size_bytes=(), curve_busbw_gbps=(),
+                           reference_busbw_gbps=reference_busbw_gbps, model_label=label, num_steps=0)
+    comm, steps = frames.comm, frames.steps
+    if comm.empty:
+        return empty
+    if not steps.empty:
+        warm = set(steps.loc[steps["warmup"].astype(bool), "step"].unique())
+        kept = comm[~comm["step"].isin(warm)]
+        comm = kept if not kept.empty else comm
+    if last_steps is not None:
+        comm = comm[comm["step"] > int(comm["step"].max()) - last_steps]
+    df = aligned_collectives(comm)
+    df["wire"] = pd.to_numeric(df["wire_bytes"], errors="coerce").fillna(pd.to_numeric(df["bytes"], errors="coerce"))
+    coll = df.groupby(["step", "seq"]).agg(bucket=("bucket", "first"), collective=("collective", "first"),
+                                           wire=("wire", "median"), wire_s=("wire_s", "first"))
+    coll = coll[(coll["wire_s"] > 0) & (coll["wire"] > 0)]
+    if coll.empty:
+        return empty
+    world = frames.world_size
+    factor = np.array([bus_factor(c, world) for c in coll["collective"]])
+    coll["busbw_gbps"] = factor * coll["wire"].to_numpy(float) / coll["wire_s"].to_numpy(float) / 1e9
+    coll["bucket"] = coll["bucket"].fillna(-1).astype(int)
+    coll["collective"] = coll["collective"].fillna("?").astype(str)
+    g = coll.groupby(["bucket", "collective"], sort=True)
+    per = pd.DataFrame({"size": g["wire"].median(), "busbw": g["busbw_gbps"].median(),
+                        "q25": g["busbw_gbps"].quantile(0.25), "q75": g["busbw_gbps"].quantile(0.75)})
+    keys = list(per.index)
+    predicted = [_predicted_busbw_gbps(model, c, size, world) for (_, c), size in zip(keys, per["size"])]
+    curve_x: list[float] = []
+    curve_y: list[float] = []
+    main = keys[0][1] if keys else None
+    if model is not None and main is not None:
+        lo, hi = float(per["size"].min()) / 4, float(per["size"].max()) * 4
+        curve_x = [float(x) for x in np.geomspace(max(lo, 1.0), max(hi, 2.0), 40)]
+        curve_y = [_predicted_busbw_gbps(model, main, x, world) for x in curve_x]
+    return BusbwModelInfo(
+        bucket=tuple(int(b) for b, _ in keys), collective=tuple(str(c) for _, c in keys),
+        size_bytes=_floats(per["size"]), measured_busbw_gbps=_floats(per["busbw"]),
+        measured_q25_gbps=_floats(per["q25"]), measured_q75_gbps=_floats(per["q75"]),
+        model_busbw_gbps=_floats(predicted), curve_size_bytes=_floats(curve_x), curve_busbw_gbps=_floats(curve_y),
+        reference_busbw_gbps=reference_busbw_gbps, model_label=label,
+        num_steps=int(coll.index.get_level_values("step").nunique()),
+    )
+
+
+def _predicted_busbw_gbps(model: "CommModel | None", collective: str, size_bytes: float, world_size: int) -> float:
+    fit = model.get(collective) if model is not None else None
+    if fit is None:
+        return math.nan
+    bus_bytes = bus_factor(collective, world_size) * float(size_bytes)
+    t = fit.alpha_s + bus_bytes * fit.beta_s_per_byte
+    return bus_bytes / t / 1e9 if t > 0 else math.nan
+
+
+def _model_label(model: "CommModel | None") -> str:
+    if model is None:
+        return ""
+    fit = model.get("all_reduce") or (model.fits[0] if model.fits else None)
+    if fit is None:
+        return f"bench model ({model.backend}, {model.world_size} ranks): no fit"
+    bw = f"{fit.busbw_gbps:.3g} GB/s" if fit.busbw_gbps else "unbounded"
+    return (f"bench {fit.collective} fit ({model.backend}, {fit.group_size} ranks): alpha {fit.alpha_s * 1e6:.0f} us, "
+            f"1/beta {bw}")
+
+
+def plot_busbw_model(info: BusbwModelInfo) -> "go.Figure":
+    """Measured busbw per bucket (median, quartile bars) vs the model's curve and prediction, log size axis."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure(BUSBW_MODEL_TITLE)
+    fig.update_layout(hovermode="closest")
+    if info.empty:
+        return _no_data(fig, "collectives with a measurable wire time")
+    x = list(info.size_bytes)
+    labels = [f"bucket {b}" if b >= 0 else c for b, c in zip(info.bucket, info.collective)]
+    fig.add_trace(go.Scatter(
+        x=x, y=list(info.measured_busbw_gbps), mode="markers", name="measured (median over steps)",
+        marker=dict(color="#0072B2", size=11),
+        error_y=dict(type="data", symmetric=False,
+                     array=[max(0.0, h - m) for h, m in zip(info.measured_q75_gbps, info.measured_busbw_gbps)],
+                     arrayminus=[max(0.0, m - lo) for lo, m in zip(info.measured_q25_gbps, info.measured_busbw_gbps)]),
+        customdata=labels, hovertemplate="%{customdata}: %{y:.3g} GB/s at %{x:.3s}B<extra></extra>"))
+    if any(math.isfinite(v) for v in info.model_busbw_gbps):
+        fig.add_trace(go.Scatter(x=x, y=list(info.model_busbw_gbps), mode="markers", name="model at the bucket size",
+                                 marker=dict(color="#D55E00", size=10, symbol="diamond-open", line=dict(width=2)),
+                                 customdata=labels, hovertemplate="%{customdata}: model %{y:.3g} GB/s<extra></extra>"))
+    if info.curve_size_bytes:
+        fig.add_trace(go.Scatter(x=list(info.curve_size_bytes), y=list(info.curve_busbw_gbps), mode="lines",
+                                 name=info.model_label or "bench model", line=dict(color="#D55E00", dash="dot"),
+                                 hoverinfo="skip"))
+    if info.reference_busbw_gbps:
+        fig.add_hline(y=info.reference_busbw_gbps, line_dash="dash", line_color="#555",
+                      annotation_text=f"bench reference {info.reference_busbw_gbps:.3g} GB/s")
+    fig.update_xaxes(title_text="bucket size (wire bytes)", type="log")
+    fig.update_yaxes(title_text="bus bandwidth (GB/s)", rangemode="tozero")
+    return fig
+
+
 # -- study figures (a TuningInfo) -------------------------------------------------------------
 
 #: Keys of `build_tuning_figures`, in display order, with their titles.
@@ -830,6 +1039,7 @@ class OptimizationHistoryInfo:
     band_low_samples_s: float | None  # slowest baseline run
     band_high_samples_s: float | None  # fastest baseline run
     beat_samples_s: float | None  # median x (1 + noise): what a confirmed speedup must exceed
+    unit: str = "samples/s"  # the objective's unit (TuningInfo.study["unit"]: samples/s or tokens/s)
 
     @property
     def empty(self) -> bool:
@@ -869,6 +1079,7 @@ class ParallelCoordinatesInfo:
     number: tuple[int, ...]
     axes: tuple[ParallelAxis, ...]  # the parameters that took more than one value
     samples_s: _FloatTuple  # the last axis and the colour
+    unit: str = "samples/s"
 
     @property
     def empty(self) -> bool:
@@ -886,6 +1097,7 @@ class ParetoFrontInfo:
     on_front: tuple[bool, ...]
     front_number: tuple[int, ...]  # the front, by increasing loss deviation (its drawing order)
     loss_tolerance_pct: float | None
+    unit: str = "samples/s"
 
     @property
     def empty(self) -> bool:
@@ -911,6 +1123,7 @@ def get_optimization_history_info(info: TuningInfo) -> OptimizationHistoryInfo:
         band_low_samples_s=b.get("low_samples_s"),
         band_high_samples_s=b.get("high_samples_s"),
         beat_samples_s=b.get("beat_samples_s"),
+        unit=_unit(info),
     )
 
 
@@ -948,7 +1161,7 @@ def get_parallel_coordinates_info(info: TuningInfo) -> ParallelCoordinatesInfo:
         axes.append(ParallelAxis(name=name, values=tuple(code[repr(v)] for v in values),
                                  tickvals=tuple(code.values()), ticktext=tuple(_category_text(v) for v in order)))
     return ParallelCoordinatesInfo(number=tuple(int(t["number"]) for t in done), axes=tuple(axes),
-                                   samples_s=_floats([t["samples_s"] for t in done]))
+                                   samples_s=_floats([t["samples_s"] for t in done]), unit=_unit(info))
 
 
 def get_pareto_front_info(info: TuningInfo) -> ParetoFrontInfo:
@@ -969,7 +1182,12 @@ def get_pareto_front_info(info: TuningInfo) -> ParetoFrontInfo:
         on_front=tuple(t["number"] in front for t in pts),
         front_number=tuple(int(p["number"]) for p in by_loss),
         loss_tolerance_pct=100.0 * tol if tol is not None else None,
+        unit=_unit(info),
     )
+
+
+def _unit(info: TuningInfo) -> str:
+    return str(info.study.get("unit") or "samples/s")
 
 
 def _nan(v: Any) -> float:
@@ -1018,17 +1236,17 @@ def plot_optimization_history(info: OptimizationHistoryInfo) -> "go.Figure":
                                  line=dict(color="#555", dash="dash"), name="baseline median"))
     fig.add_trace(go.Scatter(x=[x[i] for i in ok], y=[y[i] for i in ok], mode="markers", name="trial",
                              marker=dict(color="#0072B2", size=9),
-                             hovertemplate="trial %{x}: %{y:,.1f} samples/s<extra></extra>"))
+                             hovertemplate=f"trial %{{x}}: %{{y:,.1f}} {info.unit}<extra></extra>"))
     if bad:
         fig.add_trace(go.Scatter(x=[x[i] for i in bad], y=[y[i] for i in bad], mode="markers",
                                  name="outside a constraint", marker=dict(color="#999", size=9, symbol="x"),
-                                 hovertemplate="trial %{x}: %{y:,.1f} samples/s (constraint)<extra></extra>"))
+                                 hovertemplate=f"trial %{{x}}: %{{y:,.1f}} {info.unit} (constraint)<extra></extra>"))
     fig.add_trace(go.Scatter(x=x, y=list(info.best_samples_s), mode="lines", line=dict(color="#D55E00", shape="hv"),
                              name="best so far"))
     finite = [v for v in y if math.isfinite(v) and v > 0]
     log = bool(finite) and max(finite) / min(finite) > 20
     fig.update_xaxes(title_text="trial", dtick=1 if len(x) <= 30 else None)
-    fig.update_yaxes(title_text="samples/s" + (" (log)" if log else ""), type="log" if log else "linear",
+    fig.update_yaxes(title_text=info.unit + (" (log)" if log else ""), type="log" if log else "linear",
                      rangemode="normal" if log else "tozero")
     return fig
 
@@ -1065,9 +1283,9 @@ def plot_parallel_coordinates(info: ParallelCoordinatesInfo) -> "go.Figure":
         if a.ticktext:
             d.update(tickvals=list(a.tickvals), ticktext=list(a.ticktext))
         dims.append(d)
-    dims.append(dict(label="samples/s", values=list(info.samples_s)))
+    dims.append(dict(label=info.unit, values=list(info.samples_s)))
     fig.add_trace(go.Parcoords(line=dict(color=list(info.samples_s), colorscale="Viridis", showscale=True,
-                                         colorbar=dict(title="samples/s")), dimensions=dims))
+                                         colorbar=dict(title=info.unit)), dimensions=dims))
     return fig
 
 
@@ -1085,13 +1303,13 @@ def plot_pareto_front(info: ParetoFrontInfo) -> "go.Figure":
         x=[info.loss_deviation_pct[i] for i in off], y=[info.samples_s[i] for i in off], mode="markers",
         name="other trials", marker=dict(color=["#999" if not info.feasible[i] else "#56B4E9" for i in off], size=9),
         customdata=[info.number[i] for i in off],
-        hovertemplate="trial %{customdata}: %{y:,.1f} samples/s, loss %{x:.3g} % off<extra></extra>"))
+        hovertemplate=f"trial %{{customdata}}: %{{y:,.1f}} {info.unit}, loss %{{x:.3g}} % off<extra></extra>"))
     front = [idx[n] for n in info.front_number if n in idx]
     fig.add_trace(go.Scatter(
         x=[info.loss_deviation_pct[i] for i in front], y=[info.samples_s[i] for i in front], mode="lines+markers",
         name="Pareto front", line=dict(color="#D55E00", shape="hv"), marker=dict(size=11),
         customdata=[info.number[i] for i in front],
-        hovertemplate="trial %{customdata}: %{y:,.1f} samples/s, loss %{x:.3g} % off<extra></extra>"))
+        hovertemplate=f"trial %{{customdata}}: %{{y:,.1f}} {info.unit}, loss %{{x:.3g}} % off<extra></extra>"))
     xlabel = "loss deviation from the baseline (%)"
     tol = info.loss_tolerance_pct
     if tol is not None and max(info.loss_deviation_pct, default=0.0) >= tol / 4:
@@ -1099,7 +1317,7 @@ def plot_pareto_front(info: ParetoFrontInfo) -> "go.Figure":
     elif tol is not None:  # drawn, the line would squeeze every point against the axis
         xlabel += f"; tolerance {tol:.3g} %, far right of the chart"
     fig.update_xaxes(title_text=xlabel, rangemode="tozero")
-    fig.update_yaxes(title_text="samples/s", rangemode="tozero")
+    fig.update_yaxes(title_text=info.unit, rangemode="tozero")
     return fig
 
 
@@ -1120,3 +1338,62 @@ def build_tuning_figures(info: TuningInfo) -> dict[str, "go.Figure"]:
     if not pareto.empty:
         figs["pareto"] = plot_pareto_front(pareto)
     return figs
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfirmationInfo:
+    """Each confirmed candidate's paired speedup over the baseline and its bootstrap 95 % CI."""
+
+    trial: tuple[int, ...]
+    speedup: _FloatTuple
+    ci_low: _FloatTuple
+    ci_high: _FloatTuple
+    pairs: tuple[int, ...]
+    verdict: tuple[str, ...]
+    best_trial: int | None  # the confirmed best (None when nothing was confirmed faster)
+    noise_rel: float | None  # the baseline's (max - min) / median: what a speedup must exceed
+
+    @property
+    def empty(self) -> bool:
+        return not self.trial
+
+
+def get_confirmation_info(info: TuningInfo) -> ConfirmationInfo:
+    """The confirmation's candidates that ran at least one pair, in the study's order."""
+    rows = [c for c in info.confirmations if c.get("speedup") is not None]
+    return ConfirmationInfo(
+        trial=tuple(int(c["trial"]) for c in rows),
+        speedup=_floats([c["speedup"] for c in rows]),
+        ci_low=_floats([_nan(c.get("ci_low")) for c in rows]),
+        ci_high=_floats([_nan(c.get("ci_high")) for c in rows]),
+        pairs=tuple(int(c.get("pairs") or 0) for c in rows),
+        verdict=tuple(str(c.get("verdict") or "") for c in rows),
+        best_trial=info.best.get("trial"),
+        noise_rel=(info.baseline or {}).get("noise_rel"),
+    )
+
+
+def plot_confirmation(info: ConfirmationInfo) -> "go.Figure":
+    """Paired speedup per candidate with its 95 % CI as error bars, 1x (the baseline) and 1 + noise dashed."""
+    import plotly.graph_objects as go
+
+    fig = _new_figure("Confirmation: paired speedup over the baseline (95 % CI)")
+    fig.update_layout(hovermode="closest")
+    if info.empty:
+        return _no_data(fig, "confirmation pairs")
+    x = [f"trial {t}" + (" (best)" if t == info.best_trial else "") for t in info.trial]
+    fig.add_trace(go.Scatter(
+        x=x, y=list(info.speedup), mode="markers", name="paired speedup",
+        marker=dict(size=12, color=["#009E73" if t == info.best_trial else "#0072B2" for t in info.trial]),
+        error_y=dict(type="data", symmetric=False,
+                     array=[h - s if math.isfinite(h) else 0.0 for h, s in zip(info.ci_high, info.speedup)],
+                     arrayminus=[s - lo if math.isfinite(lo) else 0.0 for lo, s in zip(info.ci_low, info.speedup)]),
+        customdata=[[lo, hi, n, v] for lo, hi, n, v in zip(info.ci_low, info.ci_high, info.pairs, info.verdict)],
+        hovertemplate="%{x}: %{y:.3f}x (CI %{customdata[0]:.3f}-%{customdata[1]:.3f}, %{customdata[2]} pairs): "
+                      "%{customdata[3]}<extra></extra>"))
+    fig.add_hline(y=1.0, line_color="#555", annotation_text="baseline")
+    if info.noise_rel:
+        fig.add_hline(y=1.0 + info.noise_rel, line_dash="dash", line_color="#999",
+                      annotation_text="baseline noise", annotation_position="bottom right")
+    fig.update_yaxes(title_text="speedup (candidate / baseline)")
+    return fig
