@@ -210,6 +210,12 @@ def test_bench_then_profile_against_its_reference(tmp_path):
     assert json.loads((runs / "p" / "run.json").read_text())["reference_busbw_gbps"] == ref
     bad = run_cli("profile", "--reference-bench", str(runs / "p"), "--runs-dir", str(runs), str(SCRIPTS / "train_small.py"), timeout=60)
     assert "--reference-bench must be a finished `torsh-tune bench` run directory" in _one_line_error(bad)
+    # tune checks it before anything runs (its model seeds the study): nothing created.
+    before = sorted(p.name for p in runs.iterdir())
+    bad = run_cli("tune", "--reference-bench", str(runs / "p"), "--runs-dir", str(runs), str(SCRIPTS / "train_small.py"),
+                  timeout=60)
+    assert "--reference-bench must be a finished `torsh-tune bench` run directory" in _one_line_error(bad)
+    assert sorted(p.name for p in runs.iterdir()) == before
     assert "--collectives must be" in _one_line_error(run_cli("bench", "--collectives", "gossip", timeout=60))
 
 

@@ -66,6 +66,13 @@ _NON_NEGATIVE_INT = _number(int, "an integer >= 0", lambda v: v >= 0)
 _POSITIVE_FLOAT = _number(float, "a number > 0", lambda v: v > 0)
 
 
+_EMULATE_HELP = ("Run on an emulated multi-node cluster on this host (root, iproute2): SPEC is "
+                 "nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE], e.g. nodes=2,procs_per_node=2,link=1gbit. "
+                 "Nodes are network namespaces joined by veth links shaped with tc tbf; torn down on exit (docs/emulate.md).")
+#: Launch flags an emulated cluster sets itself.
+_EMULATE_SETS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "launcher")
+
+
 def _add_launch_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch (torchrun)")
     g.add_argument("--nproc-per-node", type=_POSITIVE_INT, help=help_of(LaunchConfig, "nproc_per_node"))
@@ -77,6 +84,7 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", choices=("auto", "gloo", "nccl"), help=help_of(LaunchConfig, "backend"))
     g.add_argument("--launcher", metavar="TEMPLATE", help=help_of(LaunchConfig, "launcher"))
     g.add_argument("--max-restarts", type=_NON_NEGATIVE_INT, help=help_of(LaunchConfig, "max_restarts"))
+    g.add_argument("--emulate", metavar="SPEC", help=_EMULATE_HELP)
     b = p.add_argument_group("budget")
     b.add_argument("--steps", type=_POSITIVE_INT, help=help_of(BudgetConfig, "steps"))
     b.add_argument("--warmup-steps", type=_NON_NEGATIVE_INT, help=help_of(BudgetConfig, "warmup_steps"))
@@ -102,7 +110,8 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
     r.add_argument("--quiet", action="store_true", help="Do not echo the script's output to the terminal.")
     r.add_argument("--reference-bench", metavar="BENCH_RUN",
-                   help="A `torsh-tune bench` run of this fabric: its measured busbw is what `network` findings compare against.")
+                   help="A `torsh-tune bench` run of this fabric: its measured busbw is what `network` findings compare against; "
+                        "tune and the main job also enqueue the settings its alpha-beta model predicts fastest.")
     r.add_argument("--dashboard", nargs="?", const=8050, type=_POSITIVE_INT, metavar="PORT",
                    help="Serve the live dashboard on 127.0.0.1:PORT (default 8050) while the run goes.")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show tracebacks of errors.")
@@ -185,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="Exit 1 when the candidate's step time or throughput regresses by more than PCT %% beyond noise (default 5).")
     cmp_.add_argument("--format", choices=("md", "json"), default="md", help="Output format (default md).")
     ben = sub.add_parser("bench", help="Sweep collectives over message sizes (nccl-tests style) and fit an alpha-beta model.")
-    ben.add_argument("--nproc-per-node", type=_POSITIVE_INT, default=2, help="Ranks (default 2).")
+    ben.add_argument("--nproc-per-node", type=_POSITIVE_INT, help="Ranks (default 2).")
     ben.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help=help_of(LaunchConfig, "backend"))
     ben.add_argument("--min-bytes", type=_POSITIVE_INT, default=4 << 10, help="Smallest message (default 4 KiB).")
     ben.add_argument("--max-bytes", type=_POSITIVE_INT, default=256 << 20, help="Largest message (default 256 MiB).")
@@ -197,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--timeout", type=_POSITIVE_FLOAT, default=600.0, metavar="SECONDS", help="Wall-clock limit (default 600).")
     ben.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives the bench's run directory.")
     ben.add_argument("--run-name", help="Name of the new run directory; never reused.")
+    ben.add_argument("--emulate", metavar="SPEC", help=_EMULATE_HELP)
     dash = sub.add_parser("dashboard", help="Serve the live Dash dashboard over a runs directory (read-only).")
     dash.add_argument("--runs-dir", default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
     dash.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1; any other needs --token).")
@@ -265,7 +275,11 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[dotted] = value
-    return (config.with_overrides(overrides) if overrides else config).check_layout()
+    config = config.with_overrides(overrides) if overrides else config
+    cluster = getattr(args, "cluster", None)
+    if cluster is not None:
+        config = cluster.configure(config)
+    return config.check_layout()
 
 
 def check_script(script: str) -> Path:
@@ -331,6 +345,11 @@ def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConf
     run_dir = new_run_dir(args.runs_dir, script.name, name=args.run_name)
     console = Console(stderr=False, highlight=False)
     console.print(f"[bold]torsh-tune[/] {verb} [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
+    cluster = getattr(args, "cluster", None)
+    if cluster is not None:
+        console.print(f"emulated cluster: {cluster.spec.describe()}", markup=False)
+        if reference is None:  # the link's configured rate is what `network` findings compare against
+            reference = cluster.spec.link_bytes_per_s / 1e9
     server = _start_dashboard(run_dir, args.dashboard, console) if args.dashboard else None
     try:
         outcome = _launch_with_status(config, run_dir, script, list(args.script_args), argv=argv,
@@ -343,7 +362,10 @@ def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConf
 
         info = json.loads(run_dir.run_json.read_text())
         info["reference_busbw_gbps"] = reference
-        info["reference_bench"] = str(Path(args.reference_bench).resolve())
+        if args.reference_bench:
+            info["reference_bench"] = str(Path(args.reference_bench).resolve())
+        else:
+            info["reference_source"] = "emulated"  # the link's configured rate, not a measurement
         write_json_atomic(run_dir.run_json, info)
     return _finish_run(config, run_dir, outcome, console)
 
@@ -479,6 +501,11 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise invalid("--allow-batch-changes", "used with a script that calls torsh_tune.parallelize (API mode, --api)",
                       args.script)
     cuda = _uses_cuda(config)
+    if args.reference_bench:  # one line before anything runs: a bench run with a fitted model
+        _reference_from_bench(args.reference_bench)
+        from .bench.model import load_model
+
+        load_model(args.reference_bench)
     space_args: dict[str, Any] = {
         "nproc_per_node": config.launch.nproc_per_node, "cpu_count": os.cpu_count(), "cuda": cuda,
         "include_compression": not args.no_compression, "spec": spec,
@@ -495,6 +522,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     console = Console(highlight=False)
     job = "the main job (profile, tune, confirm, report)" if args.main_job else "tuning"
     console.print(f"[bold]torsh-tune[/] {job}: [cyan]{script.name}[/] on {config.world_size} rank(s) → {study_dir}")
+    if getattr(args, "cluster", None) is not None:  # every run of the study (baseline, trials, confirmation) launches on it
+        console.print(f"emulated cluster: {args.cluster.spec.describe()}", markup=False)
     mode = "API mode (torsh_tune.parallelize)" if api_mode else "zero code"
     console.print(f"search space ({mode}): {', '.join(space.dims)}", markup=False)
 
@@ -522,6 +551,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
             space_options=space_options, objectives=tuple(args.objectives.split(",")), pruner=args.pruner,
             pruner_percentile=args.pruner_percentile, pruner_warmup_steps=args.pruner_warmup_steps,
             pruner_startup_trials=args.pruner_startup_trials, max_peak_mem_bytes=args.max_peak_mem_bytes,
+            reference_bench=args.reference_bench,
         )
     _print_study_result(result, console)
     if not args.main_job:
@@ -600,13 +630,15 @@ def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: Run
 
 def _print_study_result(result: Any, console: Any) -> None:
     b = result.baseline
-    console.print(f"baseline: {b.median_samples_s:,.1f} samples/s (run-to-run noise {100 * b.noise_rel:.1f} %)")
+    console.print(f"baseline: {b.median_samples_s:,.1f} {b.unit} (run-to-run noise {100 * b.noise_rel:.1f} %)")
     for c in result.confirmations:
         if c.speedup is None:
             console.print(f"trial {c.trial_number}: not confirmed ({'; '.join(c.failures) or 'no successful pair'})")
             continue
         verdict = "[green]confirmed faster[/]" if c.better else "not better beyond noise"
         console.print(f"trial {c.trial_number}: paired speedup {c.speedup:.3f}x (95 % CI {c.ci_low:.3f}–{c.ci_high:.3f}) — {verdict}")
+    for note in result.confirmation_notes:
+        console.print(note, markup=False)
     if result.best_trial is None:
         console.print("no configuration beat the baseline beyond noise: best.toml is your configuration as it is")
     else:
@@ -659,6 +691,7 @@ class _StudyProgress:
         self.baseline_runs, self.confirm_runs = baseline_runs, confirm_runs
         self.baseline_done = self.trials_done = self.confirm_done = self.runs = 0
         self.best: float | None = None
+        self.unit = "samples/s"
         self.rows: list[tuple[str, ...]] = []
         self.t0 = self.t_last = time.monotonic()
         self.run_s: list[float] = []
@@ -701,7 +734,9 @@ class _StudyProgress:
             self.confirm_done += 1
             label = f"{kind} ({self.confirm_done}/{self.confirm_runs})"
         tp = run.measurement.throughput if run.measurement is not None else None
-        value = f"{tp.median_samples_s:,.1f} samples/s" if tp is not None else f"{run.failure_reason}"
+        if tp is not None:
+            self.unit = tp.unit  # the baseline's unit is the study's
+        value = f"{tp.median_samples_s:,.1f} {tp.unit}" if tp is not None else f"{run.failure_reason}"
         self._emit((label, run.state, value, "", ""),
                    f"  {label:<19} {run.state:<8} {value:<28} {'':<18} ETA {self.eta()}")
 
@@ -711,10 +746,10 @@ class _StudyProgress:
         state = "VIOLATED" if t.constraint_status == "violated" else t.state
         if t.samples_s and t.constraint_status != "violated":
             self.best = max(self.best or 0.0, t.samples_s)
-        obj = f"{t.samples_s:,.1f} samples/s" if t.samples_s else (t.failure_reason or "")
+        obj = f"{t.samples_s:,.1f} {self.unit}" if t.samples_s else (t.failure_reason or "")
         top = f"best {self.best:,.1f}" if self.best else ""
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(t.params.items()))
-        role = f" ({t.role})" if t.role in ("advisor", "initial") else ""
+        role = f" ({t.role})" if t.role in ("advisor", "initial", "model") else ""
         done = f"({self.trials_done}/{self.n_trials})"
         self._emit((f"trial {t.number} {done}", state, obj, f"{self.best:,.1f}" if self.best else "", params + role),
                    f"  trial {t.number:>3} {done:<9} {state:<8} {obj:<28} {top:<18} ETA {self.eta():<7} "
@@ -731,7 +766,7 @@ class _StudyProgress:
         from rich.table import Table
 
         elapsed = _duration(time.monotonic() - self.t0)
-        best = f"{self.best:,.1f} samples/s" if self.best else "—"
+        best = f"{self.best:,.1f} {self.unit}" if self.best else "—"
         table = Table(title=f"trial {self.trials_done}/{self.n_trials} · best {best} · elapsed {elapsed} · "
                             f"ETA {self.eta()}", title_justify="left", expand=False)
         for col in ("run", "state", "objective", "best so far", "parameters"):
@@ -773,8 +808,12 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.factor < 2:
         raise invalid("--factor", "an integer >= 2", args.factor)
     console = Console(highlight=False)
+    cluster = getattr(args, "cluster", None)
+    if cluster is not None:
+        console.print(f"emulated cluster: {cluster.spec.describe()}", markup=False)
     result = run_bench(
-        nproc_per_node=args.nproc_per_node, sizes=size_range(args.min_bytes, args.max_bytes, args.factor),
+        nproc_per_node=args.nproc_per_node or 2, cluster=cluster,
+        sizes=size_range(args.min_bytes, args.max_bytes, args.factor),
         collectives=collectives, iters=args.iters, warmup=args.warmup, runs_dir=args.runs_dir,
         backend=args.backend, timeout_s=args.timeout, run_name=args.run_name, argv=list(argv),
         echo=lambda line: console.print(line, markup=False, highlight=False),
@@ -926,32 +965,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return EXIT_USAGE
-        if args.command == "profile":
-            return cmd_profile(args, argv)
-        if args.command == "run":
-            return cmd_run(args, argv)
-        if args.command == "tune":
-            return cmd_tune(args, argv)
-        if args.command == "apply":
-            return cmd_apply(args)
-        if args.command == "report":
-            return cmd_report(args)
-        if args.command == "analyze":
-            return cmd_analyze(args)
-        if args.command == "compare":
-            return cmd_compare(args)
-        if args.command == "bench":
-            return cmd_bench(args, argv)
-        if args.command == "import-config":
-            return cmd_import_config(args)
-        if args.command == "advise":
-            return cmd_advise(args)
-        if args.command == "dashboard":
-            from .dashboard import serve
-
-            serve(args.runs_dir, host=args.host, port=args.port, token=args.token)
-            return EXIT_OK
-        raise AssertionError(args.command)
+        with _emulated_cluster(args) as args.cluster:
+            return _dispatch(args, argv)
     except TorshTuneError as exc:
         if args is not None and args.debug:
             raise
@@ -960,6 +975,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("torsh-tune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _emulated_cluster(args: argparse.Namespace) -> Any:
+    """`--emulate SPEC`: the cluster's context (up for the whole command, every trial on it); else a no-op."""
+    import contextlib
+
+    spec_text = getattr(args, "emulate", None)
+    if spec_text is None:
+        return contextlib.nullcontext()
+    from .launch.emulate import EmulatedCluster, EmulateSpec
+
+    spec = EmulateSpec.parse(spec_text)
+    given = [f"--{name.replace('_', '-')}" for name in _EMULATE_SETS if getattr(args, name, None) is not None]
+    if given:
+        raise invalid("--emulate", f"used without {', '.join(given)} (the emulated cluster sets them)", spec_text)
+    return EmulatedCluster(spec)
+
+
+def _dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.command == "profile":
+        return cmd_profile(args, argv)
+    if args.command == "run":
+        return cmd_run(args, argv)
+    if args.command == "tune":
+        return cmd_tune(args, argv)
+    if args.command == "apply":
+        return cmd_apply(args)
+    if args.command == "report":
+        return cmd_report(args)
+    if args.command == "analyze":
+        return cmd_analyze(args)
+    if args.command == "compare":
+        return cmd_compare(args)
+    if args.command == "bench":
+        return cmd_bench(args, argv)
+    if args.command == "import-config":
+        return cmd_import_config(args)
+    if args.command == "advise":
+        return cmd_advise(args)
+    if args.command == "dashboard":
+        from .dashboard import serve
+
+        serve(args.runs_dir, host=args.host, port=args.port, token=args.token)
+        return EXIT_OK
+    raise AssertionError(args.command)
 
 
 if __name__ == "__main__":

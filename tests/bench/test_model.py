@@ -100,6 +100,12 @@ def test_fit_model_per_level_and_allreduce_algorithms():
     assert predict_allreduce_s(model, s, algorithm="rs_ag") == pytest.approx(ring, rel=0.01)
     hier = predict_allreduce_s(model, s, algorithm="hierarchical")
     assert hier < ring / 1.5  # only S/2 crosses the slow network
+    # One link per node (an emulated node's veth): both ranks' S/2 shards cross it at once, so
+    # the link carries S per direction instead of the ring's 1.5 S.
+    shared = predict_allreduce_s(model, s, algorithm="hierarchical", node_links=1)
+    intra = 2 * (20e-6 / 2 + s / 2 / 10e9)
+    assert shared - intra == pytest.approx(2 * (hier - intra), rel=0.01)
+    assert ring / 1.6 < shared < ring / 1.4
     tree = predict_allreduce_s(model, s, algorithm="tree")
     assert tree == pytest.approx(2 * math.ceil(math.log2(4)) * (400e-6 / 6 + s / 0.1e9))
     with pytest.raises(ConfigError, match="algorithm"):

@@ -75,7 +75,7 @@ def strategy_advice(
         return ()
     gpus = _gpus(meta, system)
     memory, memory_detail = _device_memory(meta, info, system, gpus=gpus)
-    link_gbps, link_detail = _link_gbps(info)
+    link_gbps, link_source, link_detail = _link_gbps(info)
     bytes_per_param, bytes_source, bytes_detail = _bytes_per_param(num_params, param_bytes)
     run_name, run_detail, run_keys = _run_strategy(meta, config, info)
 
@@ -88,7 +88,7 @@ def strategy_advice(
         _input("gpus", gpus, "detected", "meta.json device / NVML records"),
         _input("world_size", world_size, "detected", "ranks of the run"),
         _input("nnodes", nnodes, nnodes_source, nnodes_detail),
-        _input("link_gbps", link_gbps, "measured" if link_gbps is not None else "assumed", link_detail),
+        _input("link_gbps", link_gbps, link_source, link_detail),
         _input("reference_world_size", world_size, "assumed",
                "the learning rate is taken as tuned for this run's global batch (no LR scaling advised)"),
         _input("strategy", run_name, "detected" if run_name else "assumed", run_detail),
@@ -194,13 +194,15 @@ def _device_memory(meta: dict[int, dict[str, Any]], info: dict[str, Any], system
     return None, "no host memory recorded: the advisor cannot tell what fits"
 
 
-def _link_gbps(info: dict[str, Any]) -> tuple[float | None, str]:
+def _link_gbps(info: dict[str, Any]) -> tuple[float | None, str, str]:
     ref = info.get("reference_busbw_gbps")
     if isinstance(ref, (int, float)) and not isinstance(ref, bool) and ref > 0:
-        return float(ref) * 8, (f"all-reduce bus bandwidth {ref:g} GB/s × 8 from the bench run "
-                                f"{info.get('reference_bench') or '(--reference-bench)'}")
-    return None, ("no bench reference in run.json (profile with --reference-bench BENCH_RUN): the advisor "
-                  "advises no gradient compression without a link speed")
+        if info.get("reference_source") == "emulated":  # `--emulate` without --reference-bench
+            return float(ref) * 8, "detected", "the emulated link's configured rate (tc tbf, --emulate)"
+        return float(ref) * 8, "measured", (f"all-reduce bus bandwidth {ref:g} GB/s × 8 from the bench run "
+                                            f"{info.get('reference_bench') or '(--reference-bench)'}")
+    return None, "assumed", ("no bench reference in run.json (profile with --reference-bench BENCH_RUN): the advisor "
+                             "advises no gradient compression without a link speed")
 
 
 def _max_by_rank(df: pd.DataFrame, col: str) -> dict[int, int]:

@@ -42,6 +42,8 @@ from .topology import Fact, Topology, detect_node, parse_nvidia_smi_topo, topolo
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..launch.emulate import EmulatedCluster
+
 __all__ = [
     "ALLREDUCE_ALGORITHMS",
     "AlphaBeta",
@@ -128,9 +130,19 @@ class BenchResult:
     meta: dict[str, Any] = field(default_factory=dict)
     topology: Topology | None = None
 
+    @property
+    def inter_node_link(self) -> str | None:
+        """The topology's inter-node link fact, e.g. "emulated 1 Gbit/s"; None when unknown or one node."""
+        if self.topology is None:
+            return None
+        fact = {f.name: f for f in self.topology.facts}.get("inter_node_link")
+        return None if fact is None or fact.value is None else str(fact.value)
+
     def predictions(self) -> list[dict[str, Any]]:
         """Each measured all-reduce size beside the model's per-algorithm predictions (seconds)."""
         out = []
+        # An emulated node has one link (a veth): its ranks' shard all-reduces share it.
+        node_links = 1 if str(self.inter_node_link or "").startswith("emulated") else None
         for row in self.rows:
             if row["collective"] != "all_reduce" or row["status"] != "ok":
                 continue
@@ -138,7 +150,8 @@ class BenchResult:
             entry = {"level": row["level"], "size_bytes": row["size_bytes"], "measured_s": row["time_s"],
                      "fit_s": None if fit is None else fit.predict_s(row["size_bytes"])}
             for algo in ALLREDUCE_ALGORITHMS:
-                entry[f"{algo}_s"] = predict_allreduce_s(self.model, row["size_bytes"], algorithm=algo)
+                entry[f"{algo}_s"] = predict_allreduce_s(self.model, row["size_bytes"], algorithm=algo,
+                                                         node_links=node_links)
             out.append(entry)
         return out
 
@@ -187,6 +200,7 @@ def run_bench(
     run_name: str | None = None,
     echo: Callable[[str], None] | None = None,
     argv: Sequence[str] | None = None,
+    cluster: EmulatedCluster | None = None,
 ) -> BenchResult:
     """Sweep the collectives over message sizes on `nproc_per_node` ranks and fit the model.
 
@@ -205,6 +219,8 @@ def run_bench(
         run_name: Name of the run directory (default: generated).
         echo: Receives the ranks' output lines (default: print).
         argv: The command line, recorded in run.json.
+        cluster: An emulated cluster that is up (`torsh_tune.launch.emulate`): the bench runs
+            on its nodes and ranks; `nproc_per_node` and `nnodes` are then ignored.
 
     Returns:
         The `BenchResult` (rows, model, reference busbw, file paths).
@@ -234,6 +250,8 @@ def run_bench(
         budget=BudgetConfig(timeout_s=timeout_s),
         profiler=ProfilerConfig(enabled=False),
     )
+    if cluster is not None:
+        config = cluster.configure(config)
     run_dir = new_run_dir(runs_dir, "bench", name=run_name)
     args = ["--sizes", ",".join(map(str, sizes)), "--collectives", ",".join(names),
             "--iters", str(iters), "--warmup", str(warmup), "--max-time-per-size-s", str(max_time_per_size_s)]

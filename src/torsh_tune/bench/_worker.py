@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torsh_tune.analysis import bus_factor
 from torsh_tune.bench import COLLECTIVES
 from torsh_tune.bench.topology import Fact, detect_node, topology_from_hosts
+from torsh_tune.launch.emulate import ENV_EMULATED, EmulateSpec
 from torsh_tune.rundir import ENV_RUN_DIR, write_json_atomic, write_text_atomic
 
 CSV_COLUMNS = (
@@ -197,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(gathered, (socket.gethostname(), local_facts))
     hosts = [h for h, _ in gathered]
     node_facts = {h: [Fact(**f) for f in facts] for h, facts in gathered if facts is not None}
-    topology = topology_from_hosts(hosts, nodes=node_facts)
+    emulated = os.environ.get(ENV_EMULATED)
+    link = None if not emulated else f"{EmulateSpec.parse(emulated).link_gbps:g} Gbit/s"
+    topology = topology_from_hosts(hosts, nodes=node_facts, emulated_link=link)
 
     # Levels: with one node everything is intra-node. With several, the world group is the
     # "inter" level (its ring crosses the network) and per-node subgroups measure "intra".

@@ -23,7 +23,9 @@ ring's 2(n-1) steps being what the fitted all-reduce alpha is made of):
     tree          2 ceil(log2 n) (a + S beta)          (reduce up + broadcast down, unpipelined)
     rs_ag         T_reduce_scatter(S) + T_all_gather(S)  (their own fits; ring formulas if absent)
     hierarchical  intra reduce-scatter + inter all-reduce of S/l + intra all-gather
-                  over nnodes = m nodes of per_node ranks, each level with its own alpha/beta
+                  over nnodes = m nodes of per_node ranks, each level with its own alpha/beta;
+                  the per_node shard all-reduces run at once, and when they share a node's
+                  links (node_links < per_node, e.g. one NIC per node) they share its bandwidth
 """
 
 from __future__ import annotations
@@ -239,6 +241,7 @@ def predict_allreduce_s(
     algorithm: str = "ring",
     world_size: int | None = None,
     nnodes: int | None = None,
+    node_links: int | None = None,
 ) -> float:
     """Predicted all-reduce time of `size_bytes` under `algorithm` with measured alpha/beta.
 
@@ -248,6 +251,9 @@ def predict_allreduce_s(
         algorithm: One of `ALLREDUCE_ALGORITHMS`.
         world_size: Ranks (default: the bench's world size).
         nnodes: Nodes for "hierarchical" (default: the bench's); ranks per node = world_size / nnodes.
+        node_links: Inter-node links per node for "hierarchical" (default: one per rank, as on
+            rail-optimised GPU nodes); 1 when a node has one NIC (an emulated cluster: one veth),
+            so its ranks' concurrent shard all-reduces share it.
 
     Returns:
         Seconds.
@@ -283,7 +289,8 @@ def predict_allreduce_s(
     inter = model.get("all_reduce", "inter")
     a_out, b_out = _ring_step(inter) if inter is not None else (a, beta)
     t_intra = 2 * ((per_node - 1) * a_in + (per_node - 1) / per_node * s * b_in)  # reduce-scatter + all-gather in the node
-    t_inter = 2 * (m - 1) * a_out + 2 * (m - 1) / m * (s / per_node) * b_out if m > 1 else 0.0
+    sharing = math.ceil(per_node / max(1, min(node_links or per_node, per_node)))  # shards per link
+    t_inter = 2 * (m - 1) * a_out + 2 * (m - 1) / m * (s / per_node) * sharing * b_out if m > 1 else 0.0
     return t_intra + t_inter
 
 

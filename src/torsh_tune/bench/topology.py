@@ -190,12 +190,15 @@ def topology_from_hosts(
     hosts: Sequence[str],
     *,
     nodes: Mapping[str, Sequence[Fact]] | None = None,
+    emulated_link: str | None = None,
 ) -> Topology:
     """The run layout from the hostname of every rank (index = global rank), as the rendezvous saw it.
 
     Args:
         hosts: hostnames, one per rank.
         nodes: `detect_node` facts per host, when collected.
+        emulated_link: the link of an emulated cluster (`torsh-tune ... --emulate`), e.g.
+            "1 Gbit/s"; the nodes are network namespaces of one host, so their NICs say nothing.
 
     Example:
         >>> topology_from_hosts(["a", "a", "b", "b"]).ranks_per_node
@@ -208,7 +211,10 @@ def topology_from_hosts(
         Fact(name="ranks_per_node", value=per_node, source="detected", detail="hostnames of the ranks"),
     ]
     node_facts = {h: tuple(f) for h, f in (nodes or {}).items()}
-    if len(per_node) == 1:
+    if emulated_link is not None and len(per_node) > 1:
+        facts.append(Fact(name="inter_node_link", value=f"emulated {emulated_link}", source="detected",
+                          detail="network namespaces joined by veth pairs shaped with tc tbf (--emulate)"))
+    elif len(per_node) == 1:
         facts.append(Fact(name="inter_node_link", value=None, source="detected", detail="single node"))
     else:
         speeds = [f.value for fs in node_facts.values() for f in fs

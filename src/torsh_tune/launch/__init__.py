@@ -15,6 +15,7 @@ from .command import (
     new_run_id,
     write_config_json,
 )
+from .emulate import EmulatedCluster, EmulateSpec, EmulationError
 from .outcome import RUN_STATUSES, RunOutcome, TorchrunFailure, classify_run, parse_torchrun_failures
 from .progress import Progress, StepsWatcher
 from .runinfo import (
@@ -30,6 +31,9 @@ from .supervisor import launch_run
 __all__ = [
     "BOOTSTRAP_MODULE",
     "ENV_RUN_ID",
+    "EmulateSpec",
+    "EmulatedCluster",
+    "EmulationError",
     "Progress",
     "RUN_INFO_SCHEMA_VERSION",
     "RUN_STATUSES",

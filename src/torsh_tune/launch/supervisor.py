@@ -24,10 +24,11 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import invalid
-from ..rundir import RunDir
+from ..rundir import RunDir, write_json_atomic
 from ._logs import LogDemux
 from ._procs import find_run_processes, kill_run_processes, signal_group, terminate_run_processes
 from .command import apply_launcher_template, build_run_env, build_torchrun_command, new_run_id, write_config_json
+from .emulate import ENV_EMULATED, EmulateSpec
 from .outcome import RunOutcome, classify_run
 from .progress import Progress, StepsWatcher
 from .runinfo import finish_run_info, start_run_info
@@ -105,9 +106,13 @@ def launch_run(
     if config.launch.launcher is not None:
         cmd = apply_launcher_template(config.launch.launcher, cmd)
     env = build_run_env(config, run_dir, run_id=run_id)
-    start_run_info(
+    info = start_run_info(
         run_dir, config=config, script=script_path, script_args=script_args, command=cmd, run_id=run_id, argv=argv
     )
+    emulated = config.launch.env.get(ENV_EMULATED)
+    if emulated:  # every node is a namespace of this host: say so where readers look for the layout
+        write_json_atomic(run_dir.run_json, {**info, "nnodes": config.launch.nnodes,
+                                             "emulated": EmulateSpec.parse(str(emulated)).to_dict()})
 
     t0 = time.monotonic()
     try:
@@ -208,7 +213,8 @@ class _Supervisor:
         self.should_prune = should_prune
         assert proc.stdout is not None
         self.demux = LogDemux(proc.stdout, run_dir).start()
-        if config.launch.nnodes == 1:  # every rank has a log, also one that printed nothing
+        # Every rank has a log, also one that printed nothing (all of them run here: one node or emulated nodes).
+        if config.launch.nnodes == 1 or config.launch.env.get(ENV_EMULATED):
             for rank in range(config.world_size):
                 run_dir.rank_log(rank).touch()
         self.watcher = StepsWatcher(run_dir)

@@ -1,0 +1,274 @@
+"""The emulated cluster with real namespaces, veth links, tc and torchrun: spec, bench, profile, teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torsh_tune.config import BudgetConfig, ProfilerConfig, RunConfig
+from torsh_tune.errors import ConfigError
+from torsh_tune.launch import launch_run
+from torsh_tune.launch.emulate import (
+    NODE_IFNAME,
+    EmulatedCluster,
+    EmulateSpec,
+    owned_namespaces,
+    remove_stale_namespaces,
+)
+from torsh_tune.rundir import new_run_dir
+
+from helpers import EXAMPLES, REPO, run_cli, run_survivors
+
+SPEC = "nodes=2,procs_per_node=2,link=1gbit"
+LINK_GBPS = 1.0
+
+can_emulate = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="the emulated cluster needs root and iproute2",
+)
+
+
+def _ours(pid: int) -> list[str]:
+    """Namespaces, /etc/netns entries and root-namespace links a cluster owned by `pid` left behind."""
+    left = [name for name, owner in owned_namespaces().items() if owner == pid]
+    left += [str(p) for p in Path("/etc/netns").glob(f"tt{pid}*")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    left += [line for line in links.splitlines() if NODE_IFNAME in line or f"tt{pid}" in line]
+    return left
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    yield
+    # Whatever a test did, nothing of a dead owner may stay for the next one (or the next suite).
+    if os.geteuid() == 0 and shutil.which("ip"):
+        remove_stale_namespaces()
+
+
+# -- the spec ---------------------------------------------------------------------------------------
+def test_spec_parses_units_and_defaults() -> None:
+    spec = EmulateSpec.parse("nodes=3, procs_per_node=2, link=100mbit, latency=20ms, burst=64kb")
+    assert (spec.nodes, spec.procs_per_node, spec.link_bps) == (3, 2, 100e6)
+    assert spec.latency_s == pytest.approx(0.02) and spec.burst_bytes == 64 << 10
+    assert EmulateSpec.parse(spec.text()) == spec
+    default = EmulateSpec.parse(SPEC)
+    assert default.link_gbps == LINK_GBPS and default.burst_bytes == 256 << 10
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("nodes=1,procs_per_node=2,link=1gbit", "--emulate nodes must be an integer >= 2, but got 1"),
+    ("nodes=two,procs_per_node=2,link=1gbit", "--emulate nodes must be an integer >= 2, but got 'two'"),
+    ("nodes=2,procs_per_node=0,link=1gbit", "--emulate procs_per_node must be an integer >= 1, but got 0"),
+    ("nodes=2,procs_per_node=2,link=1gparsec", "--emulate link must be a rate > 0 such as 1gbit or 100mbit, but got '1gparsec'"),
+    ("nodes=2,procs_per_node=2", "--emulate must be a spec with link"),
+    ("nodes=2,procs_per_node=2,link=1gbit,delay=1ms", "--emulate key must be one of nodes, procs_per_node, link, latency, burst, but got 'delay'"),
+    ("nodes=2,procs_per_node=2,link=1gbit,burst=1b", "--emulate burst must be >= 2kb"),
+    ("nodes=2;procs_per_node=2", "--emulate must be comma-separated KEY=VALUE items"),
+    ("nodes=300,procs_per_node=1,link=1gbit", "--emulate nodes must be an integer <= 254"),
+])
+def test_spec_errors_say_what_rule_and_value(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        EmulateSpec.parse(text)
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_rejects_a_bad_spec_and_conflicting_flags_in_one_line() -> None:
+    bad = run_cli("bench", "--emulate", "nodes=1,procs_per_node=2,link=1gbit", timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "torsh-tune: error: --emulate nodes must be an integer >= 2, but got 1"
+    both = run_cli("profile", "--emulate", SPEC, "--nnodes", "2", str(EXAMPLES / "ddp_mlp.py"), timeout=60)
+    assert both.returncode == 2
+    assert both.stderr.strip().startswith("torsh-tune: error: --emulate must be used without --nnodes")
+
+
+# -- without root or iproute2 ---------------------------------------------------------------------
+def test_without_root_the_command_fails_cleanly_and_creates_nothing(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torsh_tune.cli", "bench", "--emulate", SPEC, "--runs-dir", str(tmp_path / "runs")]
+    uid = os.geteuid()
+    if uid == 0:  # a real unprivileged process
+        tmp_path.chmod(0o777)
+        uid = 65534
+        cmd = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", *cmd]
+    before = set(owned_namespaces())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("torsh-tune: error: --emulate must run as root (it creates network namespaces), "
+                           f"but the effective uid is {uid}\n")
+    assert not (tmp_path / "runs").exists()
+    assert set(owned_namespaces()) == before
+
+
+@can_emulate
+def test_without_iproute2_the_command_fails_cleanly(tmp_path: Path) -> None:
+    env = {"PATH": str(Path(sys.executable).parent)}  # the interpreter, but no ip/tc
+    done = run_cli("bench", "--emulate", SPEC, "--runs-dir", str(tmp_path / "runs"), env=env, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "torsh-tune: error: --emulate needs iproute2 (ip and tc on PATH), but ip, tc are missing"
+    assert not (tmp_path / "runs").exists()
+
+
+# -- real clusters -----------------------------------------------------------------------------------
+def _bench_run(runs: Path) -> Path:
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    return run
+
+
+@can_emulate
+def test_bench_all_reduce_on_2x2_crosses_the_shaped_link_and_tears_down(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "torsh_tune.cli", "bench", "--emulate", SPEC,
+                             "--collectives", "all_reduce", "--min-bytes", str(256 << 10), "--max-bytes", str(1 << 20),
+                             "--iters", "3", "--warmup", "1", "--runs-dir", str(runs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert _ours(proc.pid) == []
+    bench = json.loads((_bench_run(runs) / "bench.json").read_text())
+    assert bench["world_size"] == 4 and bench["nnodes"] == 2
+    assert bench["topology"]["ranks_per_node"] == {"emulated-node0": 2, "emulated-node1": 2}
+    link = {f["name"]: f for f in bench["topology"]["facts"]}["inter_node_link"]
+    assert link["value"] == "emulated 1 Gbit/s"
+    inter = {r["size_bytes"]: r for r in bench["rows"] if r["level"] == "inter" and r["status"] == "ok"}
+    intra = {r["size_bytes"]: r for r in bench["rows"] if r["level"] == "intra" and r["status"] == "ok"}
+    # The link holds the inter-node ring to its rate (bytes/s; a little over it from the tbf bucket);
+    # the same all-reduce inside one node, over loopback, is not held to it.
+    assert inter[1 << 20]["busbw_gbps"] < 1.25 * LINK_GBPS / 8
+    assert intra[1 << 20]["busbw_gbps"] > 2 * inter[1 << 20]["busbw_gbps"]
+    info = json.loads((_bench_run(runs) / "run.json").read_text())
+    assert info["emulated"]["nodes"] == 2 and info["emulated"]["link_gbps"] == LINK_GBPS
+    assert "topology: 2 node(s)" in out and "inter-node emulated 1 Gbit/s" in out
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _long_bench(runs: Path, *, stderr: int) -> subprocess.Popen[str]:
+    """A bench on the emulated cluster that would run for minutes (it is stopped early)."""
+    return subprocess.Popen([sys.executable, "-m", "torsh_tune.cli", "bench", "--emulate", SPEC,
+                             "--collectives", "all_reduce", "--min-bytes", str(4 << 20), "--max-bytes", str(4 << 20),
+                             "--iters", "200", "--warmup", "1", "--runs-dir", str(runs)],
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+def _started(runs: Path, marker: str, count: int) -> str | None:
+    """The bench's run id once `count` of its processes have `marker` in their command line."""
+    infos = list(runs.glob("*/run.json"))
+    if not infos:
+        return None
+    run_id = json.loads(infos[0].read_text())["run_id"]
+    found = 0
+    for pid in run_survivors(run_id):
+        try:
+            found += any(marker in arg for arg in psutil.Process(pid).cmdline())
+        except psutil.NoSuchProcess:
+            pass
+    return run_id if found >= count else None
+
+
+@can_emulate
+def test_sigkill_of_the_bench_leaves_no_process_and_the_next_start_removes_its_namespaces(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = _long_bench(runs, stderr=subprocess.DEVNULL)
+    try:
+        run_id = _wait_for(lambda: _started(runs, "_worker.py", 4), 60, "the 4 ranks on the emulated nodes")
+    finally:
+        proc.kill()
+        proc.wait()
+    # The killed owner could not clean up: its namespaces stay ...
+    assert sorted(n for n, pid in owned_namespaces().items() if pid == proc.pid) == [f"tt{proc.pid}n0", f"tt{proc.pid}n1"]
+    # ... but its processes die with it (parent-death signals along supervisor -> fan-out -> agents -> ranks).
+    _wait_for(lambda: run_survivors(run_id) == [], 30, "the killed bench's processes to exit")
+    with EmulatedCluster(EmulateSpec.parse(SPEC)) as cluster:
+        assert sorted(cluster.stale_removed) == [f"tt{proc.pid}n0", f"tt{proc.pid}n1"]
+        assert sorted(owned_namespaces()) == [f"tt{os.getpid()}n0", f"tt{os.getpid()}n1"]
+    assert _ours(proc.pid) == [] and _ours(os.getpid()) == []
+
+
+@can_emulate
+def test_ctrl_c_tears_the_cluster_down(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = _long_bench(runs, stderr=subprocess.PIPE)
+    try:
+        run_id = _wait_for(lambda: _started(runs, "torch.distributed.run", 2), 60, "a torchrun agent on each node")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0, err
+    assert run_survivors(run_id) == []
+    assert _ours(proc.pid) == []
+
+
+@can_emulate
+def test_a_failing_node_stops_every_node(tmp_path: Path) -> None:
+    script = tmp_path / "fail_on_node1.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        if int(os.environ["RANK"]) == 1:
+            sys.exit(3)
+        time.sleep(60)
+    """))
+    config = RunConfig(budget=BudgetConfig(kill_grace_s=2.0, timeout_s=50.0), profiler=ProfilerConfig(enabled=False))
+    with EmulatedCluster(EmulateSpec.parse("nodes=2,procs_per_node=1,link=1gbit")) as cluster:
+        rd = new_run_dir(tmp_path / "runs", script)
+        lines: list[str] = []
+        outcome = launch_run(cluster.configure(config), rd, script, [], echo=lines.append)
+    assert (outcome.status, outcome.message) == ("script_error", "rank 1 exited with status 3")
+    assert outcome.duration_s < 30, "the healthy node must be stopped, not left to sleep or time out"
+    assert run_survivors(json.loads(rd.run_json.read_text())["run_id"]) == []
+    assert _ours(os.getpid()) == []
+
+
+@can_emulate
+def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    done = run_cli("profile", "--emulate", SPEC, "--steps", "4", "--warmup-steps", "2", "--runs-dir", str(runs),
+                   "--run-name", "emu", str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512", timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = runs / "emu"
+    metas = [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("*meta.json"))]
+    assert sorted(m["hostname"] for m in metas) == ["emulated-node0", "emulated-node0", "emulated-node1", "emulated-node1"]
+    info = json.loads((run / "run.json").read_text())
+    assert info["nnodes"] == 2 and info["emulated"]["procs_per_node"] == 2
+    assert info["reference_busbw_gbps"] == pytest.approx(LINK_GBPS / 8) and info["reference_source"] == "emulated"
+    report = json.loads((run / "report" / "report.json").read_text())
+    inputs = {i["name"]: i for i in report["strategy_advice"][0]["inputs"]}
+    assert (inputs["nnodes"]["value"], inputs["link_gbps"]["value"], inputs["link_gbps"]["source"]) == (2, LINK_GBPS, "detected")
+    categories = {b["category"] for b in report["bottlenecks"]}
+    assert categories & {"network", "communication"}, categories
+    assert "emulated cluster: 2 nodes x 2 rank(s), 1 Gbit/s links" in done.stdout
+
+
+@can_emulate
+def test_three_nodes_meet_on_a_bridge_with_both_ends_of_every_link_shaped() -> None:
+    spec = EmulateSpec.parse("nodes=3,procs_per_node=1,link=100mbit")
+    with EmulatedCluster(spec) as cluster:
+        assert cluster.switch == f"tt{os.getpid()}sw"
+        ends = [(ns, NODE_IFNAME) for ns in cluster.namespaces] + [(cluster.switch, f"p{i}") for i in range(3)]
+        for ns, dev in ends:
+            qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+            assert "tbf" in qdisc and "rate 100Mbit" in qdisc, (ns, dev, qdisc)
+        # node 2 reaches node 0 across the bridge, by the name the hosts file gives it
+        probe = "import socket; s = socket.create_connection(('emulated-node0', 9), timeout=2)"
+        done = subprocess.run(["ip", "netns", "exec", cluster.namespaces[2], sys.executable, "-c", probe],
+                              capture_output=True, text=True, timeout=30)
+        assert "ConnectionRefusedError" in done.stderr, done.stderr  # a RST from node 0: routed, nothing listens
+    assert _ours(os.getpid()) == []
