@@ -444,7 +444,7 @@ def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise(
                                params={"ddp.bucket_cap_mb": 25.0})
 
     run = SimpleNamespace(state="COMPLETE", failure_reason="", measurement=SimpleNamespace(
-        throughput=SimpleNamespace(median_samples_s=100.0)))
+        throughput=SimpleNamespace(median_samples_s=100.0, unit="tokens/s")))
     events = [("run", "baseline", run), ("trial", trial(0, 120.0)), ("trial", trial(1, None, state="FAIL")),
               ("trial", trial(2, 150.0, status="violated")), ("run", "confirm-A", run)]
     for terminal in (True, False):
@@ -456,6 +456,7 @@ def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise(
         text = out.getvalue()
         assert "best 120.0" in text and "best 150.0" not in text  # a violated trial is never the best so far
         assert "VIOLATED" in text and "script_error: boom" in text and "ETA" in text
+        assert "120.0 tokens/s" in text and "samples/s" not in text  # the baseline's unit is the study's
         if terminal:
             assert "trial 3/3" in text and "\x1b[" in text  # the live table's title, drawn with ANSI codes
         else:
