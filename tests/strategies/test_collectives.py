@@ -74,6 +74,19 @@ def test_hierarchical_sum_equals_gloo_all_reduce(launched, per_node):
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
 @pytest.mark.parametrize("per_node", LAYOUTS)
+def test_chunked_hierarchical_sum_is_exact_and_one_call_per_buffer(launched, per_node):
+    # chunk_bytes=4000: the 1001- and 65537-value buffers go in 2 and 66 pipelined chunks.
+    _, results = launched
+    for result in results:
+        layout = result[per_node]
+        assert layout["chunked_rel_err"] <= 1e-6
+        assert layout["chunked_calls"] == len(SIZES)
+        assert layout["chunked_grad_max_diff"] <= 1e-5
+    assert len({r[per_node]["chunked_checksum"] for r in results}) == 1
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
+@pytest.mark.parametrize("per_node", LAYOUTS)
 def test_hierarchical_sum_counts_intra_and_inter_node_bytes(launched, per_node):
     _, results = launched
     local, nodes = int(per_node), NPROC // int(per_node)
@@ -108,12 +121,12 @@ def test_configured_hierarchical_hook_is_timed_per_bucket_and_script_hooks_win(l
     for rank in range(NPROC):
         meta = json.loads(run.rank_file(rank, "meta").read_text())
         hooks = [m["comm_hook"] for m in meta["ddp_models"]]
-        assert hooks == ["plain_allreduce", "hierarchical_hook", "hierarchical_hook", "hierarchical_hook",
-                         "torsh_tune_hierarchical"]
+        # Per layout a whole-buffer and a chunked state register the script's hook; the last model none.
+        assert hooks == ["plain_allreduce", *["hierarchical_hook"] * (2 * len(LAYOUTS)), "torsh_tune_hierarchical"]
         *replaced, configured = meta["hierarchical"]
         assert all(s["replaced_by_script_hook"] and s["calls"] == 0 for s in replaced)
         notes = [n for n in meta["notes"] if n.startswith("collectives.hierarchical=true has no effect")]
-        assert len(notes) == 4
+        assert len(notes) == 2 * len(LAYOUTS) + 1
         assert (configured["ranks_per_node"], configured["num_nodes"], configured["num_buckets"]) == (2, 2, 3)
         comm = read_jsonl(run.rank_file(rank, "comm"))
         records = [c for c in comm if c["hook"] == "torsh_tune_hierarchical"]

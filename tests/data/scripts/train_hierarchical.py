@@ -76,7 +76,22 @@ for per_node in (int(s) for s in args.layouts.split(",")):
     rel_err = {str(x.numel()): ((x - ref).abs() / ref.abs().clamp(min=1)).max().item() for x, ref in zip(xs, refs)}
     allreduce_stats = dict(state.stats)
     grads, checksum = train(hierarchical_hook, state)
+    # The same with 1000-value chunks: 1001 and 65537 values, and DDP's 2112-value bucket, pipeline.
+    chunked = HierarchicalState(ranks_per_node=per_node, chunk_bytes=4000)
+    ys = [x.clone() for x in refs]  # already summed: sum again, compare with gloo's
+    yrefs = [y.clone() for y in ys]
+    for ref in yrefs:
+        dist.all_reduce(ref)
+    for fut, y in zip([hierarchical_all_reduce(y, chunked) for y in ys], ys):
+        assert fut.wait() is y
+    chunked_err = max(((y - ref).abs() / ref.abs().clamp(min=1)).max().item() for y, ref in zip(ys, yrefs))
+    chunked_calls = chunked.stats["calls"]
+    chunked_grads, chunked_checksum = train(hierarchical_hook, chunked)
     results[str(per_node)] = {
+        "chunked_rel_err": chunked_err,
+        "chunked_calls": chunked_calls,
+        "chunked_grad_max_diff": max_diff(chunked_grads, ref_grads),
+        "chunked_checksum": chunked_checksum,
         "num_nodes": state.num_nodes,
         "allreduce_rel_err": rel_err,
         "allreduce_stats": allreduce_stats,
