@@ -1,96 +1,205 @@
-"""Time and peak RSS of trace parsing + analysis, optionally side by side with HTA.
+"""Time and peak RSS of trace parsing + analysis, side by side with HTA.
 
-    .venv/bin/python benchmarks/traces.py [TRACE_DIR ...] [--repeat 3] [--hta /tmp/htavenv/bin/python]
+    .venv/bin/python benchmarks/traces.py [TRACE_DIR ...] [--repeat 5] [--scale 6]
+        [--hta ~/.cache/torsh-tune-bench/hta-venv/bin/python]
 
-Each measurement runs in a fresh subprocess (so peak RSS is that run's alone, interpreter
-and imports included) and reports the best wall time of `--repeat` runs for
-load + temporal breakdown + overlap (the work HTA's numbers in the fixtures' README
-cover) and, for torsh-tune, the full `analyze_traces`. With `--hta PYTHON` (a venv with
-``holistictraceanalysis==0.5.0``, never a dependency of torsh-tune) the same is timed
-for HTA and the metric deltas are printed. Prints a table, then one JSON line.
+Each measurement runs in a fresh subprocess, so its peak RSS is that run's alone
+(interpreter and imports included; the RSS right after the imports is reported too).
+Rounds are interleaved (ours, HTA, next trace ..., the order flipped every round) and each
+figure is the median over rounds with its min-max; the speedup is HTA's median / ours.
+Timed work: for torsh-tune, `load_traces` + the full `analyze_traces`; for HTA,
+`TraceAnalysis(trace_dir)` + temporal breakdown + comm/comp overlap + idle-time
+breakdown (HTA computes less than we do). `--scale K` adds a trace built at run time from
+hta-16rank-rank0 repeated K times with shifted timestamps, step numbers and ids (written
+to a temporary directory, deleted afterwards), where the import floor no longer dominates.
+
+HolisticTraceAnalysis is never a dependency of torsh-tune; for `--hta` make a separate venv:
+``python3 -m venv ~/.cache/torsh-tune-bench/hta-venv &&
+~/.cache/torsh-tune-bench/hta-venv/bin/pip install holistictraceanalysis==0.5.0``.
+Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DIRS = [REPO / "tests" / "data" / "traces" / d
-                for d in ("hta-sampled-2rank", "hta-16rank-rank0", "hta-nccl-2rank-rank0")]
+TRACES = REPO / "tests" / "data" / "traces"
+DEFAULT_DIRS = [TRACES / d for d in ("hta-sampled-2rank", "hta-16rank-rank0", "hta-nccl-2rank-rank0")]
 
-_OURS = r"""
+_PRELUDE = r"""
 import json, resource, sys, time
+def rss_mb():  # VmHWM: unlike ru_maxrss, not inherited from the parent across exec
+    with open("/proc/self/status") as fh:
+        return next(int(l.split()[1]) for l in fh if l.startswith("VmHWM")) / 1024
+def child_rss_mb(): return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+def cpu_s():  # this process and its finished children (HTA parses in a process pool)
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+"""
+
+_OURS = _PRELUDE + r"""
 from torsh_tune.analysis.traces import analyze_traces, load_traces
+import_rss, c0 = rss_mb(), cpu_s()
 t0 = time.perf_counter()
 ts = load_traces(sys.argv[1])
 t1 = time.perf_counter()
 a = analyze_traces(ts, hta_rounding=sys.argv[2] == "1")
 t2 = time.perf_counter()
-print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-  "events": int(sum(len(r.events) for r in ts.ranks.values())),
+print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "cpu_s": cpu_s() - c0, "rss_mb": rss_mb(),
+  "child_rss_mb": child_rss_mb(), "import_rss_mb": import_rss, "events": int(sum(len(r.events) for r in ts.ranks.values())),
   "metrics": {str(int(r["rank"])): [r["idle_pct"], r["compute_pct"], r["non_compute_pct"]] for _, r in a.breakdown.iterrows()},
   "overlap": {str(int(r["rank"])): r["overlap_pct"] for _, r in a.overlap.iterrows()}}))
 """
 
-_HTA = r"""
-import json, logging, resource, sys, time
+_HTA = _PRELUDE + r"""
+import logging
 logging.disable(logging.CRITICAL)
 from hta.trace_analysis import TraceAnalysis
+import_rss, c0 = rss_mb(), cpu_s()
 t0 = time.perf_counter()
 ta = TraceAnalysis(trace_dir=sys.argv[1])
 t1 = time.perf_counter()
 tb = ta.get_temporal_breakdown(visualize=False)
 ov = ta.get_comm_comp_overlap(visualize=False)
+ranks = sorted(ta.t.get_all_traces())
+ib = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
 t2 = time.perf_counter()
-print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "cpu_s": cpu_s() - c0, "rss_mb": rss_mb(),
+  "child_rss_mb": child_rss_mb(), "import_rss_mb": import_rss,
   "metrics": {str(int(r["rank"])): [r["idle_time_pctg"], r["compute_time_pctg"], r["non_compute_time_pctg"]] for _, r in tb.iterrows()},
   "overlap": {str(int(r["rank"])): r["comp_comm_overlap_pctg"] for _, r in ov.iterrows()}}))
 """
 
 
+def scaled_trace(src_dir: Path, copies: int, out_dir: Path) -> Path:
+    """`src_dir`'s single rank trace repeated `copies` times back to back, as one gzip file.
+
+    Copy k shifts ts by k x the trace's span, ProfilerStep numbers by k x (last step + 1),
+    and correlation / External id by k x (largest id + 1), so launches still pair with
+    their kernels and steps stay distinct. Events with a string pid (Kineto's "Spans" /
+    "Traces" rows) are written once, last, as Kineto does.
+    """
+    (src,) = sorted(src_dir.glob("*.json.gz"))
+    doc = json.loads(gzip.open(src).read())
+    events = doc.pop("traceEvents")
+    trailer = [e for e in events if not isinstance(e.get("pid", 0), int)]
+    events = [e for e in events if isinstance(e.get("pid", 0), int)]
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    t_lo = min(e["ts"] for e in timed)
+    span = max(e["ts"] + float(e.get("dur", 0) or 0) for e in timed) - t_lo + 1000
+    ids = [int(v) for e in events for k, v in (e.get("args") or {}).items()
+           if k in ("correlation", "External id") and isinstance(v, int)]
+    id_step = max(ids, default=0) + 1
+    steps = [int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_step = max(steps, default=0) + 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "rank-0.json.gz"
+    with gzip.open(out, "wt", compresslevel=1) as fh:
+        head = json.dumps(doc)[:-1]
+        fh.write(head + (', ' if doc else '') + '"traceEvents": [\n')
+        first = True
+        for k in range(copies):
+            for e in events:
+                if k:
+                    e = dict(e)
+                    if isinstance(e.get("ts"), (int, float)):
+                        e["ts"] = e["ts"] + k * span
+                    if str(e.get("name", "")).startswith("ProfilerStep#"):
+                        e["name"] = f"ProfilerStep#{int(e['name'].split('#')[1]) + k * step_step}"
+                    if isinstance(e.get("args"), dict):
+                        e["args"] = {a: (v + k * id_step if a in ("correlation", "External id") and isinstance(v, int)
+                                         else v) for a, v in e["args"].items()}
+                fh.write(("" if first else ",\n") + json.dumps(e))
+                first = False
+        for e in trailer:
+            fh.write(",\n" + json.dumps(e))
+        fh.write("\n]}\n")
+    return out_dir
+
+
+def _json_bytes(path: Path) -> int:
+    if not path.name.endswith(".gz"):
+        return path.stat().st_size
+    with gzip.open(path) as fh:
+        return sum(len(b) for b in iter(lambda: fh.read(1 << 22), b""))
+
+
 def _run(python: str, code: str, *args: str) -> dict:
-    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, check=True, cwd=REPO)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, cwd=REPO)
+    if out.returncode != 0:
+        raise SystemExit(f"{python} failed on {args}:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["total_s"] = r["parse_s"] + r["analysis_s"]
+    return r
 
 
-def _best(python: str, code: str, repeat: int, *args: str) -> dict:
-    runs = [_run(python, code, *args) for _ in range(repeat)]
-    best = min(runs, key=lambda r: r["parse_s"] + r["analysis_s"])
-    best["total_s"] = best["parse_s"] + best["analysis_s"]
-    best["rss_mb"] = max(r["rss_mb"] for r in runs)
-    return best
+def _spread(values: list[float], digits: int = 3) -> dict:
+    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits)}
+
+
+def _fmt(s: dict) -> str:
+    return f"{s['median']} ({s['min']}-{s['max']})"
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dirs", nargs="*", type=Path, default=DEFAULT_DIRS)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5, help="interleaved rounds (fresh processes each)")
+    p.add_argument("--scale", type=int, default=0,
+                   help="also time hta-16rank-rank0 repeated K times (~26 MB of JSON per copy); 0: off")
     p.add_argument("--hta", help="python of a venv with holistictraceanalysis==0.5.0")
     args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="torsh-bench-traces-") as tmp:
+        dirs = list(args.dirs)
+        if args.scale:
+            dirs.append(scaled_trace(TRACES / "hta-16rank-rank0", args.scale, Path(tmp) / f"hta-16rank-x{args.scale}"))
+        runs: dict[str, dict[str, list[dict]]] = {d.name: {"ours": [], "hta": []} for d in dirs}
+        for i in range(args.repeat):
+            for d in dirs:
+                arms = [("ours", sys.executable, _OURS, (str(d), "1"))]
+                if args.hta:
+                    arms.append(("hta", args.hta, _HTA, (str(d),)))
+                for name, python, code, a in (arms if i % 2 == 0 else arms[::-1]):
+                    runs[d.name][name].append(_run(python, code, *a))
+        json_mb = {d.name: sum(_json_bytes(f) for f in sorted(d.glob("*.json*"))) / 1e6 for d in dirs}
     rows = []
-    for d in args.dirs:
-        ours = _best(sys.executable, _OURS, args.repeat, str(d), "1")
-        row = {"trace": d.name, "events": ours["events"], "ours_s": round(ours["total_s"], 3),
-               "ours_parse_s": round(ours["parse_s"], 3), "ours_rss_mb": round(ours["rss_mb"], 1)}
-        if args.hta:
-            hta = _best(args.hta, _HTA, args.repeat, str(d))
-            deltas = [abs(a - b) for r in hta["metrics"] for a, b in zip(ours["metrics"][r], hta["metrics"][r])]
-            deltas += [abs(ours["overlap"][r] - hta["overlap"][r]) for r in hta["overlap"]]
-            row.update({"hta_s": round(hta["total_s"], 3), "hta_rss_mb": round(hta["rss_mb"], 1),
-                        "speedup": round(hta["total_s"] / ours["total_s"], 2),
-                        "rss_ratio": round(ours["rss_mb"] / hta["rss_mb"], 2),
-                        "max_metric_delta_pp": round(max(deltas), 3)})
+    for d in dirs:
+        ours = runs[d.name]["ours"]
+        row = {"trace": d.name, "events": ours[0]["events"], "json_mb": round(json_mb[d.name], 1),
+               "ours_s": _spread([r["total_s"] for r in ours]), "ours_parse_s": _spread([r["parse_s"] for r in ours]),
+               "ours_cpu_s": _spread([r["cpu_s"] for r in ours]),
+               "ours_rss_mb": _spread([r["rss_mb"] for r in ours], 1),
+               "ours_import_rss_mb": _spread([r["import_rss_mb"] for r in ours], 1)}
+        hta = runs[d.name]["hta"]
+        if hta:
+            deltas = [abs(a - b) for r in hta[0]["metrics"] for a, b in zip(ours[0]["metrics"][r], hta[0]["metrics"][r])]
+            deltas += [abs(ours[0]["overlap"][r] - hta[0]["overlap"][r]) for r in hta[0]["overlap"]]
+            row.update({
+                "hta_s": _spread([r["total_s"] for r in hta]), "hta_cpu_s": _spread([r["cpu_s"] for r in hta]),
+                "hta_rss_mb": _spread([r["rss_mb"] for r in hta], 1),
+                "hta_import_rss_mb": _spread([r["import_rss_mb"] for r in hta], 1),
+                "hta_child_rss_mb": _spread([r["child_rss_mb"] for r in hta], 1),
+                "speedup": _spread([h["total_s"] / o["total_s"] for h, o in zip(hta, ours)], 2),
+                "cpu_speedup": _spread([h["cpu_s"] / o["cpu_s"] for h, o in zip(hta, ours)], 2),
+                "rss_ratio": _spread([o["rss_mb"] / h["rss_mb"] for h, o in zip(hta, ours)], 2),
+                "rss_above_import_ratio": _spread([(o["rss_mb"] - o["import_rss_mb"]) / (h["rss_mb"] - h["import_rss_mb"])
+                                                   for h, o in zip(hta, ours)], 2),
+                "max_metric_delta_pp": round(max(deltas), 3),
+            })
         rows.append(row)
-    cols = list(rows[0])
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(w) for c, w in zip(cols, widths)))
-    print(json.dumps({"benchmark": "traces", "repeat": args.repeat, "rows": rows}))
+    cols = list(rows[0]) if not args.hta else list(max(rows, key=len))
+    table = [[str(_fmt(r[c]) if isinstance(r.get(c), dict) else r.get(c, "")) for c in cols] for r in rows]
+    for c, *vals in zip(cols, *table):
+        print(f"{c:24} " + "  ".join(f"{v:28}" for v in vals))
+    print(json.dumps({"benchmark": "traces", "repeat": args.repeat, "scale": args.scale, "rows": rows}))
 
 
 if __name__ == "__main__":

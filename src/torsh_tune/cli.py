@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--token", help="Access token required on every request (or env TORSH_TUNE_DASH_TOKEN).")
     ana = sub.add_parser("analyze", help="Analyse a directory of Kineto/Chrome traces (ours or any torch.profiler output).")
     ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
-    ana.add_argument("--out", help="Directory for analysis.json and analysis.md (default ./torsh-analysis/<name>-<time>); must not exist.")
+    ana.add_argument("--out", help="Directory for analysis.json, analysis.md and analysis.html (default ./torsh-analysis/<name>-<time>); must not exist.")
     ana.add_argument("--hta-rounding", action="store_true", help="Round sub-microsecond times as HTA does (for parity checks).")
     imp = sub.add_parser("import-config", help="Turn DeepSpeed, Horovod or FSDP1 settings into a torsh-tune strategy TOML.")
     imp.add_argument("file", metavar="FILE", help="A ds_config.json, Horovod settings or FSDP1 keyword arguments (JSON or TOML).")

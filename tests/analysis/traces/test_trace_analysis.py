@@ -231,3 +231,22 @@ def test_no_torch_import():
     code = ("import sys, torsh_tune.analysis.traces as t; t.analyze_traces(sys.argv[1]); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, str(DATA / "gloo-ddp-2rank")], check=True)
+
+
+def test_fast_cut_falls_back_on_false_separators(tmp_path):
+    """`}, {` inside a string or between nested objects must not split an event."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5,
+               "args": {"External id": i}} for i in range(300)]
+    events[100]["name"] = 'tricky "}, {" name'
+    events[200]["args"]["nested"] = [{"a": 1}, {"b": [2, {"c": 3}]}]
+    events[250]["pid"] = "Spans"  # a string pid far from the end of the file
+    p = tmp_path / "rank-0.json"
+    p.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0}, {"id": 1}]}, indent=1))
+    fast = load_traces(p, chunk_bytes=4096).ranks[0].events
+    assert len(fast) == 300
+    assert fast["ts_us"].tolist() == [float(i) for i in range(300)]
+    assert fast["external_id"].tolist() == list(range(300))
+    assert fast.loc[250, "pid"] == -1 and fast.loc[249, "pid"] == 1
+    exact = TraceReader(p, chunk_bytes=4096)
+    spans = [(int(s), int(e)) for c in exact for s, e in zip(c.starts, c.ends)]
+    assert len(spans) == 300 and exact.metadata == {"deviceProperties": [{"id": 0}, {"id": 1}]}

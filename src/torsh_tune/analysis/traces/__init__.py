@@ -1,7 +1,8 @@
 """Deep-trace analysis: Kineto/Chrome traces (NCCL or gloo) into per-rank DataFrames.
 
 Parsing (`load_traces`: streaming, columnar, one DataFrame per rank + a symbol table) is
-kept apart from the analyzers (pure functions over DataFrames) behind one facade,
+kept apart from the analyzers (pure functions over DataFrames: breakdown, overlap,
+collectives, stragglers, idle-time causes, steps and what-ifs) behind one facade,
 `analyze_traces`. No torch import.
 
 Example:
@@ -15,12 +16,14 @@ from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
 from ._collectives import COLLECTIVE_COLUMNS, normalize_collective, rank_collectives
 from ._counterfactuals import counterfactuals, step_table
 from ._cross_rank import collective_timing, stragglers
+from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import RankTrace, TraceSet, find_trace_files, load_traces
 from ._symbols import SymbolTable
 from ._timeline import CommPatterns, Timeline, rank_timeline, step_spans
 
 __all__ = [
     "COLLECTIVE_COLUMNS",
+    "IDLE_CAUSES",
     "CommPatterns",
     "RankTrace",
     "SymbolTable",
@@ -32,6 +35,8 @@ __all__ = [
     "comm_overlap",
     "counterfactuals",
     "find_trace_files",
+    "idle_causes",
+    "idle_segments",
     "load_traces",
     "normalize_collective",
     "rank_collectives",

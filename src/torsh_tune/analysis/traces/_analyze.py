@@ -13,8 +13,9 @@ from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
 from ._collectives import COLLECTIVE_COLUMNS, rank_collectives
 from ._counterfactuals import counterfactuals, step_table
 from ._cross_rank import collective_timing, stragglers
+from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import TraceSet, load_traces
-from ._timeline import CommPatterns, rank_timeline
+from ._timeline import CommPatterns, Timeline, rank_timeline
 
 __all__ = ["TraceAnalysis", "analyze_traces"]
 
@@ -31,6 +32,10 @@ class TraceAnalysis:
         stragglers: per rank, how often it arrives last at a collective.
         top_kernels: longest kernels (CPU: main-thread ops) per rank.
         steps: per (rank, ProfilerStep) step and exposed-comm time.
+        idle_causes: per rank, idle time split into sync / comm_wait / host_wait / other,
+            plus the time collectives waited for peers (`idle_causes`).
+        idle_segments: every idle stretch with its cause (`idle_segments`).
+        timelines: the per-rank device timelines the tables were computed from.
         summary: headline numbers (plain JSON types) for reports and Bottleneck rules.
     """
 
@@ -41,6 +46,9 @@ class TraceAnalysis:
     stragglers: pd.DataFrame
     top_kernels: pd.DataFrame
     steps: pd.DataFrame
+    idle_causes: pd.DataFrame
+    idle_segments: pd.DataFrame
+    timelines: dict[int, Timeline] = field(default_factory=dict, repr=False)
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -86,6 +94,9 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     coll = collective_timing(coll)
     strag = stragglers(coll)
     steps = step_table(traces, timelines)
+    segments = idle_segments(timelines, traces, coll, patterns)
+    causes = idle_causes(segments, timelines, coll)
+    idle_total = float(causes["idle_s"].sum())
     what_if = counterfactuals(steps)
     backends = sorted({rt.backend for rt in traces.ranks.values() if rt.backend})
     worst = strag.sort_values("times_last", ascending=False).iloc[0] if len(strag) else None
@@ -102,6 +113,9 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
         "num_collectives": int(len(coll)),
         "mean_wait_s": _mean(coll, "wait_s"),
         "mean_transfer_s": _mean(coll, "transfer_s"),
+        **{f"idle_{c}_pct": (100.0 * float(causes[f"{c}_s"].sum()) / idle_total if idle_total > 0 else None)
+           for c in IDLE_CAUSES},
+        "peer_wait_s": float(causes["peer_wait_s"].sum()) if len(causes) else None,
         "median_busbw_gbps": float(np.nanmedian(coll["busbw_gbps"])) if coll["busbw_gbps"].notna().any() else None,
         "straggler_rank": int(worst["rank"]) if worst is not None and worst["times_last"] > 0 else None,
         "straggler_last_share_pct": float(worst["last_share_pct"]) if worst is not None else None,
@@ -111,4 +125,5 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     }
     return TraceAnalysis(path=traces.path, breakdown=breakdown, overlap=overlap, collectives=coll,
                          stragglers=strag, top_kernels=top_kernels(timelines, traces.symbols, limit=top_limit),
-                         steps=steps, summary=summary)
+                         steps=steps, idle_causes=causes, idle_segments=segments, timelines=timelines,
+                         summary=summary)

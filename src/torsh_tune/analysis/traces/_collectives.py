@@ -67,12 +67,14 @@ def _nccl(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.
     # record_param_comms on the launching thread (sizes for traces without kernel args).
     cpu = ev[ev["stream"] < 0]
     launches = cpu[cpu["correlation"] >= 0].drop_duplicates("correlation").set_index("correlation")
+    launched = launches[["ts_us", "tid"]].reindex(kernels["correlation"].to_numpy())
     rpc = cpu[cpu["name_id"] == symbols.id_of("record_param_comms")].sort_values("ts_us")
-    rpc_by_tid = {tid: g for tid, g in rpc.groupby("tid")}
+    rpc_by_tid = {tid: (g["ts_us"].to_numpy(), (g["ts_us"] + g["dur_us"]).to_numpy(), g["input_bytes"].to_numpy(),
+                        g["input_numel"].to_numpy()) for tid, g in rpc.groupby("tid")}
     default_pg = (trace.process_groups[0].get("pg_name", "0") if trace.process_groups else "")
     rows: dict[str, list] = defaultdict(list)
     order: dict[str, int] = defaultdict(int)
-    for k in kernels.itertuples(index=False):
+    for k, issue, tid in zip(kernels.itertuples(index=False), launched["ts_us"].tolist(), launched["tid"].tolist()):
         name = symbols[k.name_id]
         if k.coll_name_id >= 0:
             kind = normalize_collective(symbols[k.coll_name_id])
@@ -80,22 +82,16 @@ def _nccl(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.
             kind = normalize_collective(m.group(1))
         else:
             kind = "unknown"
-        issue = np.nan
         size = -1
         numel = -1
         group = int(k.group_size) if k.group_size > 0 else 0
         if k.in_nelems >= 0 and k.dtype_id >= 0 and dtype_bytes(symbols[k.dtype_id]) > 0:
             numel = int(max(k.in_nelems, k.out_nelems))
             size = numel * dtype_bytes(symbols[k.dtype_id])
-        if k.correlation in launches.index:
-            launch = launches.loc[k.correlation]
-            issue = float(launch["ts_us"])
-            cands = rpc_by_tid.get(int(launch["tid"]))
-            if size < 0 and cands is not None:
-                i = int(np.searchsorted(cands["ts_us"].to_numpy(), issue, side="right")) - 1
-                if i >= 0 and cands["ts_us"].iloc[i] + cands["dur_us"].iloc[i] >= issue:
-                    size = int(cands["input_bytes"].iloc[i])
-                    numel = int(cands["input_numel"].iloc[i])
+        if size < 0 and issue == issue and (cands := rpc_by_tid.get(int(tid))) is not None:
+            i = int(np.searchsorted(cands[0], issue, side="right")) - 1
+            if i >= 0 and cands[1][i] >= issue:
+                size, numel = int(cands[2][i]), int(cands[3][i])
         pg = symbols[k.pg_name_id] if k.pg_name_id >= 0 else (default_pg or f"stream{k.stream}")
         rows["rank"].append(trace.rank)
         rows["backend"].append("nccl")

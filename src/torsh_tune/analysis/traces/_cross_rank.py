@@ -52,14 +52,30 @@ def stragglers(coll: pd.DataFrame) -> pd.DataFrame:
     cols = ["rank", "collectives", "times_last", "last_share_pct", "mean_lateness_s", "max_lateness_s"]
     if coll.empty:
         return pd.DataFrame(columns=cols)
-    df = coll.assign(arrive_us=coll["issue_us"].fillna(coll["start_us"]))
-    df = df[df.groupby("match_key")["rank"].transform("nunique") > 1]
-    if df.empty:
+    # numpy over factorized keys: a handful of pandas groupbys cost more than the rest of
+    # the analysis on a small trace.
+    keys, _ = pd.factorize(coll["match_key"])
+    ranks = coll["rank"].to_numpy()
+    arrive = coll["issue_us"].fillna(coll["start_us"]).to_numpy(dtype=float)
+    seen = np.zeros(keys.max() + 1, dtype=np.int64)
+    pairs = np.unique(np.stack([keys, ranks]), axis=1)
+    np.add.at(seen, pairs[0], 1)
+    shared = seen[keys] > 1
+    if not shared.any():
         return pd.DataFrame(columns=cols)
-    g = df.groupby("match_key")["arrive_us"]
-    df = df.assign(lateness_s=(df["arrive_us"] - g.transform("min")) / 1e6,
-                   is_last=df["arrive_us"] == g.transform("max"))
-    per = df.groupby("rank").agg(collectives=("match_key", "nunique"), times_last=("is_last", "sum"),
-                                 mean_lateness_s=("lateness_s", "mean"), max_lateness_s=("lateness_s", "max"))
-    per["last_share_pct"] = 100.0 * per["times_last"] / per["collectives"]
-    return per.reset_index()[cols]
+    keys, ranks, arrive = keys[shared], ranks[shared], arrive[shared]
+    first = np.full(seen.size, np.inf)
+    last = np.full(seen.size, -np.inf)
+    np.minimum.at(first, keys, arrive)
+    np.maximum.at(last, keys, arrive)
+    lateness_s = (arrive - first[keys]) / 1e6
+    is_last = arrive == last[keys]
+    rows = []
+    for rank in np.unique(ranks).tolist():
+        m = ranks == rank
+        n = int(np.unique(keys[m]).size)
+        times_last = int(is_last[m].sum())
+        rows.append({"rank": rank, "collectives": n, "times_last": times_last,
+                     "last_share_pct": 100.0 * times_last / n, "mean_lateness_s": float(lateness_s[m].mean()),
+                     "max_lateness_s": float(lateness_s[m].max())})
+    return pd.DataFrame(rows, columns=cols)

@@ -1,10 +1,10 @@
-"""Vectorised interval arithmetic on (start, end) arrays: union, total length, overlap."""
+"""Vectorised interval arithmetic on (start, end) arrays: union, length, overlap, gaps, labelling."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["merge", "total", "overlap", "clip"]
+__all__ = ["clip", "covers", "gaps", "merge", "overlap", "paint", "total"]
 
 
 def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -41,3 +41,43 @@ def clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np
     e = np.clip(ends, lo, hi)
     keep = e > s
     return s[keep], e[keep]
+
+
+def gaps(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of [lo, hi] that no interval covers, as sorted (start, end)."""
+    s, e = merge(*clip(np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64), lo, hi))
+    gs = np.concatenate(([lo], e))
+    ge = np.concatenate((s, [hi]))
+    keep = ge > gs
+    return gs[keep], ge[keep]
+
+
+def covers(starts: np.ndarray, ends: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Whether each point lies inside the union of the intervals (half-open [start, end))."""
+    s, e = merge(starts, ends)
+    if s.size == 0:
+        return np.zeros(np.shape(points), dtype=bool)
+    at = np.searchsorted(s, points, side="right") - 1
+    return (at >= 0) & (points < e[np.maximum(at, 0)])
+
+
+def paint(lo: float, hi: float, layers: list[tuple[np.ndarray, np.ndarray]]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut [lo, hi] into pieces labelled by the first layer covering them.
+
+    Returns ``(starts, ends, label)``: sorted, disjoint pieces covering [lo, hi], where
+    ``label`` is the index of the first layer whose union covers the piece (-1: none);
+    neighbouring pieces with the same label are joined.
+    """
+    clipped = [clip(np.asarray(s, dtype=np.float64), np.asarray(e, dtype=np.float64), lo, hi) for s, e in layers]
+    edges = np.unique(np.concatenate([[lo, hi], *(x for c in clipped for x in c)]))
+    if edges.size < 2:
+        return np.empty(0), np.empty(0), np.empty(0, dtype=np.int64)
+    a, b = edges[:-1], edges[1:]
+    mid = (a + b) / 2
+    label = np.full(mid.size, -1, dtype=np.int64)
+    for i in range(len(clipped) - 1, -1, -1):  # first layer wins: paint the last first
+        label[covers(*clipped[i], mid)] = i
+    heads = np.flatnonzero(np.r_[True, label[1:] != label[:-1]])
+    tails = np.append(heads[1:], a.size) - 1
+    return a[heads], b[tails], label[heads]

@@ -2,25 +2,37 @@
 
 A Kineto trace is one JSON object whose ``traceEvents`` array holds every event. Instead
 of ``json.load`` (one Python dict per event, ~1 KB each), the file is decompressed in
-blocks and a vectorised structural scan (numpy over the bytes) finds where each event
-object starts and ends. Callers hand those byte spans to a columnar JSON reader. The
-other top-level keys (``distributedInfo``, ``deviceProperties``...) are small and are
+blocks and cut into chunks of whole events that a columnar JSON reader parses.
+
+Two ways to find the events of a chunk:
+
+- fast (`separator_candidates`): every ``}`` ws ``,`` ws ``{`` is taken for the comma
+  between two events. One byte compare over the chunk plus work on the few ``{``
+  positions. A false candidate (inside a string, or between objects nested in an event)
+  always leaves the parser an unterminated string or unbalanced brackets, so the parse
+  fails and the chunk is redone exactly: the guess never changes a result.
+- exact (`event_bounds`): a structural scan that tracks strings and nesting depth.
+
+The other top-level keys (``distributedInfo``, ``deviceProperties``...) are small and are
 decoded with ``json`` at the end.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ...errors import invalid
 
-__all__ = ["EventChunk", "TraceReader", "event_bounds"]
+__all__ = ["EventChunk", "TraceReader", "event_bounds", "separator_candidates"]
+
+T = TypeVar("T")
 
 _READ_BYTES = 4 << 20
 # Decompressed bytes gathered before a chunk is scanned and parsed; bounds peak memory.
@@ -31,14 +43,20 @@ _WS = b" \t\r\n"
 
 
 class EventChunk:
-    """`data[starts[i] : ends[i] + 1]` is the JSON text of event i (ends are the ``}``)."""
+    """`data[starts[i] : ends[i] + 1]` is the JSON text of event i.
 
-    __slots__ = ("data", "starts", "ends")
+    ``exact`` chunks come from `event_bounds` (ends are the ``}``); the others from
+    `separator_candidates`: an event's span may carry surrounding whitespace, and a
+    parser must raise ValueError when a span is not one JSON object (see module doc).
+    """
 
-    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+    __slots__ = ("data", "starts", "ends", "exact")
+
+    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray, *, exact: bool = True) -> None:
         self.data = data
         self.starts = starts
         self.ends = ends
+        self.exact = exact
 
 
 def _structure(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +108,43 @@ def event_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
     return starts[: ends.size], ends, close
 
 
+_LEADING_WS = re.compile(rb"[ \t\r\n]*")
+_COLON_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*(\[)?")
+_IS_WS = np.zeros(256, dtype=bool)
+_IS_WS[list(_WS)] = True
+# Longest whitespace run skipped between two events; a longer one only costs the fast path.
+_MAX_GAP = 64
+
+
+def _skip_ws_back(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """For each position, the nearest position at or before it that is not whitespace (-1: none)."""
+    pos = pos.copy()
+    for _ in range(_MAX_GAP):
+        ws = pos >= 0
+        ws[ws] = _IS_WS[a[pos[ws]]]
+        if not ws.any():
+            break
+        pos[ws] -= 1
+    return pos
+
+
+def separator_candidates(data: bytes) -> np.ndarray:
+    """Offsets of each ``,`` that has ``}`` before and ``{`` after it, whitespace aside.
+
+    Between two events of the traceEvents array there is always such a comma; inside
+    strings or nested values there may be more (see module doc).
+    """
+    a = np.frombuffer(data, dtype=np.uint8)
+    opens = np.flatnonzero(a == 123)
+    comma = _skip_ws_back(a, opens - 1)
+    comma = comma[comma >= 0]
+    comma = comma[a[comma] == 44]
+    close = _skip_ws_back(a, comma - 1)
+    ok = close >= 0
+    ok[ok] = a[close[ok]] == 125
+    return comma[ok]
+
+
 def _top_level_key(header: bytes, key: bytes) -> int:
     """Offset just past the ``[`` that opens top-level `key`'s array, or -1 if not seen yet."""
     at = header.find(key)
@@ -98,15 +153,42 @@ def _top_level_key(header: bytes, key: bytes) -> int:
         scan = prefix.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in prefix else prefix
         _, sign = _structure(prefix)
         if scan.count(b'"') % 2 == 0 and int(sign.sum()) == 1:
-            rest = header[at + len(key):].lstrip(_WS)
-            if rest[:1] == b":":
-                rest2 = rest[1:].lstrip(_WS)
-                if rest2[:1] == b"[":
-                    return len(header) - len(rest2) + 1
-                if rest2 == b"":
-                    return -1  # the value has not arrived yet
+            # A match, not a slice: the header may be a whole 4 MB block.
+            m = _COLON_VALUE.match(header, at + len(key))
+            if m is not None and m.group(1):
+                return m.end()
+            if m is not None and m.end() == len(header):
+                return -1  # the value has not arrived yet
         at = header.find(key, at + 1)
     return -1
+
+
+def _fast_cut(carry: bytes, exhausted: bool) -> tuple[EventChunk, int, int] | None:
+    """The leading events of `carry` cut at separator candidates, or None (cut exactly).
+
+    Returns ``(chunk, rest, close)``: the next chunk starts at ``carry[rest:]``; ``close``
+    is the offset of the array's ``]`` when the chunk holds the last event, else -1.
+    """
+    seps = separator_candidates(carry)
+    close = -1
+    if exhausted:
+        # The last event and the array's end: an exact scan of the short tail.
+        tail_at = int(seps[-1]) + 1 if seps.size else 0
+        _, tail_ends, tail_close = event_bounds(carry[tail_at:])
+        if tail_close == -1 or tail_ends.size != 1:
+            return None
+        last_end = tail_at + int(tail_ends[0])
+        close = tail_at + tail_close
+        inner = seps
+        rest = last_end + 1
+    else:
+        if seps.size == 0:
+            return None
+        inner, last_end = seps[:-1], int(seps[-1]) - 1
+        rest = int(seps[-1]) + 1
+    starts = np.concatenate(([0], inner + 1))
+    ends = np.concatenate((inner - 1, [last_end]))
+    return EventChunk(carry, starts, ends, exact=False), rest, close
 
 
 class TraceReader:
@@ -152,12 +234,23 @@ class TraceReader:
                 raise invalid(f"trace file {self.path}", "a complete gzip file", "a truncated one")
 
     def __iter__(self) -> Iterator[EventChunk]:
+        """The file's events as exact chunks (`read` is the fast way)."""
+        return self.read(lambda chunk: chunk, fast=False)
+
+    def read(self, parse: Callable[[EventChunk], T], *, fast: bool = True) -> Iterator[T]:
+        """``parse(chunk)`` for each chunk of whole events, in file order.
+
+        With ``fast``, chunks are cut at `separator_candidates`; when `parse` raises
+        ValueError on such a chunk, the same bytes are cut exactly and parsed again, and
+        the rest of the file is read exactly. After iteration `metadata` is set.
+        """
         blocks = self._blocks()
         header = b""
         start = -1
         for block in blocks:
             header += block
-            if not header.lstrip(_WS)[:1] in (b"{", b""):
+            lead = _LEADING_WS.match(header).end()
+            if header[lead:lead + 1] not in (b"{", b""):
                 raise self._not_a_trace("it does not start with a JSON object")
             start = _top_level_key(header, b'"traceEvents"')
             if start != -1:
@@ -183,9 +276,24 @@ class TraceReader:
                 else:
                     exhausted = True
                 carry = b"".join(parts)
+                del parts
+            cut = _fast_cut(carry, exhausted) if fast else None
+            if cut is not None:
+                chunk, rest, close = cut
+                try:
+                    result = parse(chunk)
+                except ValueError:
+                    fast = False  # a false separator: this trace is read exactly from here on
+                else:
+                    yield result
+                    if close != -1:
+                        closed, trailer = True, carry[close + 1:]
+                    else:
+                        carry = carry[rest:]
+                    continue
             starts, ends, close = event_bounds(carry)
             if ends.size:
-                yield EventChunk(carry, starts, ends)
+                yield parse(EventChunk(carry, starts, ends))
             if close != -1:
                 closed = True
                 trailer = carry[close + 1:]

@@ -25,6 +25,8 @@ class SymbolTable:
     def __init__(self) -> None:
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
+        # Analyzers ask for the same patterns again and again; valid while no symbol is added.
+        self._matches: dict[tuple[str | bytes, int, int], np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self._names)
@@ -52,7 +54,13 @@ class SymbolTable:
     def ids_matching(self, pattern: str | re.Pattern[str]) -> np.ndarray:
         """Ids of every symbol that `re.search` matches (for vectorised ``isin`` filters)."""
         rx = re.compile(pattern) if isinstance(pattern, str) else pattern
-        return np.fromiter((i for i, n in enumerate(self._names) if rx.search(n)), dtype=np.int32)
+        key = (rx.pattern, rx.flags, len(self._names))
+        ids = self._matches.get(key)
+        if ids is None:
+            ids = np.fromiter((i for i, n in enumerate(self._names) if rx.search(n)), dtype=np.int32)
+            ids.setflags(write=False)
+            self._matches[key] = ids
+        return ids
 
     def decode(self, ids: Iterable[int]) -> list[str | None]:
         """Strings of `ids` (None for -1)."""

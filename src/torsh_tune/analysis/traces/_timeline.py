@@ -30,11 +30,17 @@ class CommPatterns:
             ``ncclKernel_*`` and the newer ``ncclDevKernel_*`` spellings by default.
         gloo_worker: annotations the gloo ``pt_gloo_runloop`` worker threads record.
         c10d_ops: main-thread c10d operators that issue a collective.
+        comm_waits: host operators that block until a collective finishes (idle-time causes).
+        syncs: host calls that block until the device is done (idle-time causes).
     """
 
     nccl_kernels: tuple[str, ...] = (r"ncclKernel", r"ncclDevKernel")
     gloo_worker: str = r"^gloo:"
     c10d_ops: str = r"^c10d::(?!wait|_wait|barrier_wait)"
+    comm_waits: str = (r"^(?:wait|aten::wait|c10d::_?wait\w*|c10d::barrier\w*|_c10d_functional::wait_tensor)$"
+                       r"|Awaitable wait\(\)|wait_tensors")
+    syncs: str = (r"^(?:cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy"
+                  r"|hipStreamSynchronize|hipDeviceSynchronize|aten::item|aten::_local_scalar_dense)$")
 
     def nccl_regex(self) -> re.Pattern[str]:
         """One regex for all `nccl_kernels` patterns."""
@@ -47,7 +53,8 @@ class Timeline:
 
     ``device`` is "gpu" when the trace has GPU kernels, else "cpu": then ``kind`` labels
     main-thread operators (computation) and communication comes from gloo worker
-    annotations, so the same breakdown/overlap code serves CPU runs.
+    annotations, so the same breakdown/overlap code serves CPU runs. ``launch_us`` (GPU
+    only) is when the host launched each kernel (NaN when the launch is not in the trace).
     """
 
     device: str
@@ -56,6 +63,7 @@ class Timeline:
     kind: np.ndarray
     name_id: np.ndarray
     window_us: tuple[float, float]
+    launch_us: np.ndarray | None = None
 
 
 def step_spans(events: pd.DataFrame, symbols: SymbolTable) -> pd.DataFrame:
@@ -85,6 +93,18 @@ def _gpu_rows(events: pd.DataFrame, symbols: SymbolTable, exclude_last_step: boo
     return gpu[gpu["dur_us"].notna()]
 
 
+def _launch_times(events: pd.DataFrame, correlation: np.ndarray) -> np.ndarray:
+    """Start of the host event (cudaLaunchKernel, cudaMemcpyAsync...) sharing each correlation id."""
+    host = events[(events["stream"].to_numpy() < 0) & (events["correlation"].to_numpy() >= 0)]
+    if host.empty:
+        return np.full(correlation.size, np.nan)
+    corr = host["correlation"].to_numpy()
+    order = np.argsort(corr, kind="stable")
+    corr, ts = corr[order], host["ts_us"].to_numpy()[order]
+    at = np.minimum(np.searchsorted(corr, correlation), corr.size - 1)
+    return np.where(corr[at] == correlation, ts[at], np.nan)
+
+
 def rank_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns, *,
                   exclude_last_step: bool = True, hta_rounding: bool = False) -> Timeline:
     """Build `trace`'s timeline (GPU kernels if any, else the CPU main thread + gloo).
@@ -107,7 +127,8 @@ def rank_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
         if hta_rounding and np.any(s != np.floor(s)):
             s, e = np.ceil(s), np.floor(e)
         return Timeline(device="gpu", start_us=s, end_us=e, kind=kind, name_id=names,
-                        window_us=(float(s.min()), float(e.max())))
+                        window_us=(float(s.min()), float(e.max())),
+                        launch_us=_launch_times(ev, gpu["correlation"].to_numpy()))
     return _cpu_timeline(trace, symbols, patterns)
 
 

@@ -1,0 +1,143 @@
+"""Idle-time causes: why each rank's device (GPU, or CPU main thread + gloo) sat idle.
+
+Idle time is the temporal breakdown's: the parts of the profiled span where no kernel
+(CPU: no main-thread operator and no gloo worker span) runs. Each idle stretch is cut
+where its cause changes and labelled, first match wins:
+
+1. ``sync``: a host thread is inside a call that blocks until the device is done
+   (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
+   synchronous ``cudaMemcpy``, ``aten::item``...; `CommPatterns.syncs`).
+2. ``comm_wait``: a host thread is inside a wait on a collective (``c10d`` wait/barrier,
+   ``wait_tensor``, torchrec awaitables; `CommPatterns.comm_waits`); on GPU, the kernel
+   that ends the stretch is a collective launched before the stretch began (held back
+   by its stream); on CPU, a collective issued by the main thread and not yet started
+   by its gloo worker.
+3. ``host_wait``: the device ran dry because the host had not issued the next work in
+   time. GPU: the kernel that ends the idle stretch was launched after the stretch began
+   (HTA's host-wait rule, applied to the device rather than to each stream). CPU: the
+   main thread was between operators (Python, data loading).
+4. ``other``: the next (non-communication) kernel was launched in time but started late
+   (launch latency, a dependency the trace does not show).
+
+Time that collectives spend waiting for late peers is busy (non-compute) time on the
+timeline, not idle; `idle_causes` reports it beside the idle split as ``peer_wait_s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from . import _intervals as iv
+from ._model import TraceSet
+from ._timeline import COMMUNICATION, COMPUTATION, CommPatterns, Timeline
+
+__all__ = ["IDLE_CAUSES", "idle_causes", "idle_segments"]
+
+IDLE_CAUSES = ("sync", "comm_wait", "host_wait", "other")
+SEGMENT_COLUMNS = ["rank", "start_us", "end_us", "dur_us", "cause"]
+_SYNC, _COMM_WAIT, _HOST_WAIT, _OTHER = range(4)
+
+
+def _host_spans(traces: TraceSet, rank: int, pattern: str) -> tuple[np.ndarray, np.ndarray]:
+    ev = traces.ranks[rank].events
+    ids = traces.symbols.ids_matching(pattern)
+    rows = ev[(ev["stream"].to_numpy() < 0) & np.isin(ev["name_id"].to_numpy(), ids) & ev["dur_us"].notna().to_numpy()]
+    s = rows["ts_us"].to_numpy()
+    return s, s + rows["dur_us"].to_numpy()
+
+
+def _gap_causes(tl: Timeline, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
+    """Per idle stretch, the cause given by the work that ends it (index into IDLE_CAUSES).
+
+    GPU: launched after the stretch began -> host_wait; launched before and a
+    collective -> comm_wait; else other. CPU: host_wait (the main thread issues all work).
+    """
+    if tl.device != "gpu" or tl.launch_us is None:
+        return np.full(gs.size, _HOST_WAIT)
+    order = np.argsort(tl.start_us, kind="stable")
+    starts, launches, kinds = tl.start_us[order], tl.launch_us[order], tl.kind[order]
+    nxt = np.minimum(np.searchsorted(starts, ge, side="left"), starts.size - 1)
+    launch = launches[nxt]
+    late = launch > gs  # an unknown launch (NaN) is not evidence of host wait
+    held = (launch <= gs) & (kinds[nxt] == COMMUNICATION)
+    return np.where(late, _HOST_WAIT, np.where(held, _COMM_WAIT, _OTHER))
+
+
+def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives: pd.DataFrame,
+                  patterns: CommPatterns) -> pd.DataFrame:
+    """Every idle stretch of every rank, cut where its cause changes.
+
+    Args:
+        timelines: per-rank timelines (`rank_timeline`).
+        traces: the parsed traces (host events: syncs and comm waits).
+        collectives: `rank_collectives` rows (issue_us, start_us) of all ranks.
+        patterns: `CommPatterns` (``syncs``, ``comm_waits``).
+
+    Returns:
+        rank, start_us, end_us, dur_us, cause (one of `IDLE_CAUSES`), sorted by rank and start.
+    """
+    frames = []
+    for rank, tl in timelines.items():
+        lo, hi = tl.window_us
+        gs, ge = iv.gaps(tl.start_us, tl.end_us, lo, hi)
+        if gs.size == 0:
+            continue
+        sync = _host_spans(traces, rank, patterns.syncs)
+        waits = _host_spans(traces, rank, patterns.comm_waits)
+        comm = waits
+        if tl.device == "cpu" and len(collectives):
+            # gloo: a collective issued by the main thread but not yet picked up by its worker.
+            mine = collectives[(collectives["rank"] == rank) & (collectives["issue_us"] < collectives["start_us"])]
+            comm = (np.concatenate([waits[0], mine["issue_us"].to_numpy(dtype=float)]),
+                    np.concatenate([waits[1], mine["start_us"].to_numpy(dtype=float)]))
+        gap_cause = _gap_causes(tl, gs, ge)
+        busy = (tl.start_us, tl.end_us)
+        by_gap = [(gs[gap_cause == c], ge[gap_cause == c]) for c in (_COMM_WAIT, _HOST_WAIT, _OTHER)]
+        # Label order = priority: busy time is not idle; then sync, comm waits, the gap's own cause.
+        a, b, label = iv.paint(lo, hi, [busy, sync, comm, *by_gap])
+        keep = label > 0
+        cause = np.asarray((None, "sync", "comm_wait", "comm_wait", "host_wait", "other"), dtype=object)[label[keep]]
+        frames.append(pd.DataFrame({"rank": rank, "start_us": a[keep], "end_us": b[keep],
+                                    "dur_us": b[keep] - a[keep], "cause": cause}))
+    if not frames:
+        return pd.DataFrame(columns=SEGMENT_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[SEGMENT_COLUMNS]
+
+
+def idle_causes(segments: pd.DataFrame, timelines: dict[int, Timeline], collectives: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: idle time split by cause, and the time collectives waited for peers.
+
+    Args:
+        segments: `idle_segments` output.
+        timelines: the same per-rank timelines.
+        collectives: `collective_timing` output (needs ``wait_s``).
+
+    Returns:
+        One row per rank: rank, device, idle_s, sync_s, comm_wait_s, host_wait_s, other_s
+        (these four sum to idle_s), sync_pct ... other_pct (of idle_s), and peer_wait_s:
+        collective time spent waiting for the last peer to arrive while no compute ran
+        (busy, non-compute time on the timeline: not part of idle_s).
+    """
+    rows = []
+    for rank, tl in timelines.items():
+        mine = segments["rank"].to_numpy() == rank
+        dur = segments["dur_us"].to_numpy(dtype=float)[mine]
+        cause = segments["cause"].to_numpy()[mine]
+        idle = float(dur.sum())
+        row: dict = {"rank": rank, "device": tl.device, "idle_s": idle / 1e6}
+        for c in IDLE_CAUSES:
+            row[f"{c}_s"] = float(dur[cause == c].sum()) / 1e6
+        for c in IDLE_CAUSES:
+            row[f"{c}_pct"] = 100.0 * row[f"{c}_s"] / row["idle_s"] if idle > 0 else float("nan")
+        mine = collectives
+        if len(mine):
+            mine = mine[(mine["rank"] == rank) & (mine["wait_s"] > 0)]
+        waiting = (mine["start_us"].to_numpy(dtype=float),
+                   mine["start_us"].to_numpy(dtype=float) + mine["wait_s"].to_numpy(dtype=float) * 1e6)
+        compute = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
+        row["peer_wait_s"] = (iv.total(*waiting) - iv.overlap(waiting, compute)) / 1e6
+        rows.append(row)
+    cols = (["rank", "device", "idle_s"] + [f"{c}_s" for c in IDLE_CAUSES] + [f"{c}_pct" for c in IDLE_CAUSES]
+            + ["peer_wait_s"])
+    return pd.DataFrame(rows, columns=cols)
