@@ -165,3 +165,49 @@ def test_no_network_claim_without_a_measured_fabric_reference(tmp_path):
     a = analyze_run(run)
     assert a.bottlenecks[0].category == "communication"
     assert not any(b.category == "network" for b in a.bottlenecks)
+
+
+def test_small_collectives_are_judged_against_the_fabric_at_their_own_size():
+    """PowerSGD-sized messages (0.1 MiB) are latency-bound: no network claim against the large-message
+    reference; with the bench model's busbw at that size, the claim is made against that."""
+    small = CommStats(num_collectives_per_step=2, bytes_per_step=13e6, wire_bytes_per_step=2e5, comm_s=0.08,
+                      exposed_comm_s=0.075, overlap_pct=8.0, transfer_s=0.07, wait_s=0.01, busbw_gbps=0.0054,
+                      algbw_gbps=0.0036, hooks=("powersgd",), ddp_logging=None, last_transfer_s=0.03)
+    bd = _bd(exposed_comm=75, backward_compute=14, forward=6)
+    found = diagnose(breakdown=bd, comm=small, world_size=4, reference_busbw_gbps=0.119)
+    assert "network" not in {b.category for b in found} and found[0].category == "communication"
+    # alpha 2 ms, 1/beta 0.12 GB/s: at 0.1 MB a collective can reach only ~0.02 GB/s.
+    model_at = lambda size: 1.5 * size / (2e-3 + 1.5 * size / 0.12e9) / 1e9  # noqa: E731
+    found = diagnose(breakdown=bd, comm=small, world_size=4, reference_busbw_gbps=0.119, reference_busbw_at=model_at)
+    net = next(b for b in found if b.category == "network")
+    assert net.evidence["reference_busbw_gbps"] == pytest.approx(model_at(1e5)) and model_at(1e5) < 0.119
+    assert "bench model at 0.0954 MiB" in net.evidence["reference_basis"]
+    # A fabric that delivers no more at that size than measured: nothing to claim.
+    slow = lambda size: 0.005  # noqa: E731
+    assert "network" not in {b.category for b in diagnose(breakdown=bd, comm=small, world_size=4,
+                                                            reference_busbw_gbps=0.119, reference_busbw_at=slow)}
+
+
+def test_the_reference_bench_model_sets_the_reference_at_the_run_s_message_size(tmp_path):
+    import json
+    import shutil
+
+    from torsh_tune.bench.model import AlphaBeta, CommModel, save_model
+
+    run, bench = tmp_path / "comm_bound", tmp_path / "bench"
+    shutil.copytree(DATA / "comm_bound", run)
+    bench.mkdir()
+    ref = json.loads((run / "run.json").read_text())["reference_busbw_gbps"]
+    # A fabric with 20 ms of latency per all-reduce: at this run's bucket sizes it delivers far
+    # less than its large-message bandwidth (the run.json reference).
+    fit = AlphaBeta(collective="all_reduce", level="intra", group_size=2, alpha_s=0.02,
+                    beta_s_per_byte=1 / (ref * 1e9), num_points=5)
+    save_model(CommModel(world_size=2, nnodes=1, nproc_per_node=2, fits=(fit,)), bench)
+    info = json.loads((run / "run.json").read_text())
+    info["reference_bench"] = str(bench)
+    (run / "run.json").write_text(json.dumps(info))
+    net = next(b for b in analyze_run(run).bottlenecks if b.category == "network")
+    size = net.evidence["wire_bytes_per_collective"]  # 4 MiB buckets
+    assert net.evidence["reference_basis"] == f"the bench model at {size / 2**20:.3g} MiB per collective"
+    assert net.evidence["reference_busbw_gbps"] == pytest.approx(size / (0.02 + size / (ref * 1e9)) / 1e9)
+    assert net.evidence["busbw_gbps"] < net.evidence["reference_busbw_gbps"] < ref

@@ -78,6 +78,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
         pipeline=pipeline, world_size=frames.world_size, thresholds=th,
         reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
+        reference_busbw_at=_bench_busbw_at(frames.info, warnings),
     ), ()) if bd is not None else ()
     recs = guarded("recommendations", lambda: recommend(
         bottlenecks, info=frames.info, config=frames.config, meta=frames.meta, world_size=frames.world_size,
@@ -154,3 +155,30 @@ def pipeline_summary(meta: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         first["bubble_pct"] = sum(measured.values()) / len(measured)
         first["stage_bubble_pct"] = {str(r): round(float(v), 2) for r, v in measured.items()}
     return first
+
+
+def _bench_busbw_at(info: dict[str, Any], warnings: list[str]) -> Callable[[float], float | None] | None:
+    """Message size -> the all-reduce busbw the run's reference bench model predicts (None without one).
+
+    The model is the `bench_model.json` of run.json's `reference_bench` (a `torsh-tune bench`
+    run); across nodes its inter-node fit, else the only one.
+    """
+    bench = info.get("reference_bench")
+    if not isinstance(bench, str) or not os.path.isfile(os.path.join(bench, "bench_model.json")):
+        return None
+    try:
+        from ..bench.model import load_model  # pure Python; bench sits above analysis
+
+        model = load_model(bench)
+    except Exception as exc:  # noqa: BLE001 - the reference is optional
+        warnings.append(f"reference bench model unreadable: {type(exc).__name__}: {exc}")
+        return None
+    fit = model.get("all_reduce", "inter" if model.nnodes > 1 else None) or model.get("all_reduce")
+    if fit is None:
+        return None
+
+    def busbw_at(size: float) -> float | None:
+        t = fit.predict_s(size)
+        return fit.factor * size / t / 1e9 if t > 0 else None
+
+    return busbw_at

@@ -11,7 +11,7 @@ tells the two apart, so skew-dominated communication is charged to the straggler
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..config import ThresholdsConfig
 from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
@@ -23,6 +23,10 @@ __all__ = ["diagnose"]
 _LAST_SHARE_MIN_PCT = 50.0
 # Communication is transfer-dominated when at least this share of it is transfer.
 _TRANSFER_SHARE_MIN_PCT = 50.0
+#: Without a bench model, collectives smaller than this on average are taken as latency-bound:
+#: on Ethernet-class fabrics (alpha 50-500 us) their busbw is far below the link's even when the
+#: link is healthy (PowerSGD's or Top-K's ~0.1 MiB messages), so no `network` finding.
+LATENCY_BOUND_BYTES = 512 << 10
 
 
 def diagnose(
@@ -37,6 +41,7 @@ def diagnose(
     world_size: int = 1,
     thresholds: ThresholdsConfig | None = None,
     reference_busbw_gbps: float | None = None,
+    reference_busbw_at: Callable[[float], float | None] | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -54,6 +59,10 @@ def diagnose(
         reference_busbw_gbps: bus bandwidth this fabric measurably delivers (run.json
             "reference_busbw_gbps", written from a `bench` measurement). Without one there is no
             `network` finding: a low bandwidth is only a claim against something measured.
+        reference_busbw_at: message size (bytes) -> the bus bandwidth the fabric delivers at
+            that size (the bench's alpha-beta model). Small messages are latency-bound: the run
+            is compared with what the fabric does at its own message size. Without it,
+            collectives under `LATENCY_BOUND_BYTES` on average get no `network` finding.
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -73,7 +82,8 @@ def diagnose(
     step_s = breakdown.step_s if breakdown else None
     found += _communication(comm, pct, th, all_ranks, step_s, straggler_found=straggler is not None)
     if reference_busbw_gbps:
-        found += _network(comm, pct, th, all_ranks, reference_busbw_gbps, straggler_found=straggler is not None)
+        found += _network(comm, pct, th, all_ranks, reference_busbw_gbps, reference_busbw_at,
+                          straggler_found=straggler is not None)
     found += _io(pct, data_wait_by_rank or {}, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
@@ -185,9 +195,17 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
 
 
 def _network(comm: CommStats | None, pct: dict[str, float], th: ThresholdsConfig, ranks: tuple[int, ...],
-             reference_gbps: float, *, straggler_found: bool) -> list[tuple[Bottleneck, float]]:
+             reference_gbps: float, reference_at: Callable[[float], float | None] | None, *,
+             straggler_found: bool) -> list[tuple[Bottleneck, float]]:
     if comm is None or comm.busbw_gbps is None or comm.transfer_s is None:
         return []
+    per_collective = _wire_bytes_per_collective(comm)
+    basis = "large messages"
+    at_size = reference_at(per_collective) if reference_at is not None and per_collective else None
+    if at_size is not None and at_size < reference_gbps:
+        reference_gbps, basis = at_size, f"the bench model at {per_collective / 2**20:.3g} MiB per collective"
+    elif at_size is None and per_collective is not None and per_collective < LATENCY_BOUND_BYTES:
+        return []  # latency-bound: a low busbw says nothing about the link at this size
     exposed = pct.get("exposed_comm", 0.0)
     skew = skew_share_pct(comm) or 0.0
     transfer_share = 100.0 - skew
@@ -205,10 +223,12 @@ def _network(comm: CommStats | None, pct: dict[str, float], th: ThresholdsConfig
         "exposed_comm_pct": round(exposed, 2),
         "transfer_s": comm.transfer_s,
         "wire_bytes_per_step": comm.wire_bytes_per_step,
+        "wire_bytes_per_collective": per_collective,
+        "reference_basis": basis,
     }
     message = (
         f"collectives are transfer-bound ({transfer_share:.0f} % transfer) at {comm.busbw_gbps:.3g} GB/s bus "
-        f"bandwidth, below the {reference_gbps:g} GB/s reference"
+        f"bandwidth, below the {reference_gbps:.3g} GB/s reference ({basis})"
     )
     return [(Bottleneck(category="network", severity=severity, ranks=ranks, evidence=evidence, message=message),
              transfer_exposed)]
@@ -338,3 +358,11 @@ def median(values: list[float]) -> float:
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
+
+
+def _wire_bytes_per_collective(comm: CommStats) -> float | None:
+    """Average wire bytes of one collective (per rank), None when unknown."""
+    wire = comm.wire_bytes_per_step if comm.wire_bytes_per_step is not None else comm.bytes_per_step
+    if not wire or not comm.num_collectives_per_step:
+        return None
+    return float(wire) / float(comm.num_collectives_per_step)
