@@ -33,7 +33,7 @@ browser:
 	fi
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q --timeout 600 tests
+	$(BIN)/python -m pytest -q --timeout 600 --durations=15 tests
 
 clean:
 	rm -rf $(VENV) torsh-runs

@@ -81,7 +81,16 @@ def test_the_fastest_feasible_front_member_is_confirmed_and_best_toml_applies(mu
     from torsh_tune.autotune import build_space
 
     space = build_space(nproc_per_node=2, cpu_count=2, spec=SPEC)
-    eligible = [p for p in result.pareto if space.to_config(RunConfig.from_dict(base), p.params).to_dict() != base]
+    from torsh_tune.autotune.objective import effective_settings
+
+    # Trial 0 spells out the defaults the baseline ran with: never confirmed, said in the notes.
+    ran = {t.number: effective_settings(t.run_dir) for t in result.trials if t.run_dir}
+    same = effective_settings(result.baseline.run_dirs[0])
+    eligible = [p for p in result.pareto if space.to_config(RunConfig.from_dict(base), p.params).to_dict() != base
+                and ran.get(p.number) != same]
+    for p in result.pareto:
+        if ran.get(p.number) == same and eligible and p.values["throughput"] > eligible[0].values["throughput"]:
+            assert any(n.startswith(f"trial {p.number} not confirmed") for n in result.confirmation_notes)
     if eligible:
         assert [c.trial_number for c in result.confirmations] == [eligible[0].number]
     best = load_config_file(study_dir / "best.toml")
