@@ -326,7 +326,9 @@ def _default_dims(*, nproc_per_node: int, cpu_count: int) -> dict[str, Dimension
                       allowed=(True, False)),
             Dimension(name="pipeline.schedule", kind="categorical", choices=_FLAT_SCHEDULES, allowed=_FLAT_SCHEDULES),
             Dimension(name="pipeline.n_microbatches", kind="int", low=2, high=8, choices=(2, 4, 8)),
-            Dimension(name="dataloader.num_workers", kind="int", low=0, high=min(8, cores_per_rank)),
+            # Up to 4 workers per rank even on small hosts: a loader that waits on storage (network
+            # file systems, object stores) gains from workers beyond the cores; the trial measures it.
+            Dimension(name="dataloader.num_workers", kind="int", low=0, high=min(8, max(4, cores_per_rank))),
             Dimension(name="dataloader.prefetch_factor", kind="int", low=1, high=8),
             Dimension(name="dataloader.pin_memory", kind="bool", choices=(False, True)),
             Dimension(name="omp_num_threads", kind="int", low=1, high=cores_per_rank),
