@@ -167,3 +167,29 @@ def test_synthetic_fixtures_get_advice_without_warnings():
     a = analyze_run(DATA / "healthy")
     assert a.advice and a.warnings == ()
     assert Path(a.run_dir).name == "healthy"
+
+
+def test_without_a_bench_the_nodes_nic_line_rate_is_the_detected_link():
+    meta, system = _cluster()
+
+    def nic(name, mbps, *, physical=True, up=True):
+        kind = "physical" if physical else "virtual"
+        return {"name": f"nic.{name}.speed_mbps", "value": mbps, "source": "detected",
+                "detail": f"/sys/class/net/{name}/speed; operstate={'up' if up else 'down'}; {kind}"}
+
+    # One meta per node carries the facts (local rank 0): the slower node's fastest up NIC wins.
+    meta[0]["node_facts"] = [nic("eth0", 25000), nic("eth1", 100000, up=False), nic("veth0", 10000, physical=False)]
+    meta[2]["node_facts"] = [nic("eth0", 10000), nic("eth1", 1000)]
+    link = _inputs(strategy_advice(meta, {}, system, 4))["link_gbps"]
+    assert (link["value"], link["source"]) == (10.0, "detected")
+    assert "NIC eth0 on node1" in link["detail"] and "not a measurement" in link["detail"]
+    # InfiniBand's active port rate beats the Ethernet NIC on a node.
+    meta[2]["node_facts"].append({"name": "infiniband.mlx5_0.1", "source": "detected", "detail": "/sys/class/...",
+                                  "value": {"state": "4: ACTIVE", "rate": "200 Gb/sec (4X HDR)", "link_layer": "IB"}})
+    assert _inputs(strategy_advice(meta, {}, system, 4))["link_gbps"]["value"] == 25.0
+    # A node without facts could be the slow one: nothing claimed.
+    del meta[2]["node_facts"]
+    assert _inputs(strategy_advice(meta, {}, system, 4))["link_gbps"]["value"] is None
+    # A bench reference (measured) always comes first.
+    meta[2]["node_facts"] = [nic("eth0", 10000)]
+    assert _inputs(strategy_advice(meta, {"reference_busbw_gbps": 0.5}, system, 4))["link_gbps"]["value"] == 4.0

@@ -106,3 +106,10 @@ def test_a_script_counting_tokens_is_measured_in_tokens_per_second(tmp_path):
     tp = run.measurement.throughput
     assert tp.unit == "tokens/s" and tp.median_samples_s == pytest.approx(64 * throughput_of(
         steps.drop(columns="tokens")).median_samples_s)
+    # Local rank 0 records its node's topology facts (sysfs: NICs, InfiniBand) in meta.json.
+    import json
+
+    metas = [json.loads(p.read_text()) for p in sorted(Path(run.run_dir, "ranks").glob("*.meta.json"))]
+    facts = {f["name"]: f for f in metas[0]["node_facts"]}
+    assert facts["cpu.count"]["value"] > 0 and "infiniband" in facts and facts["hostname"]["source"] == "detected"
+    assert "node_facts" not in metas[1]

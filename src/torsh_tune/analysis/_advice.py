@@ -75,7 +75,7 @@ def strategy_advice(
         return ()
     gpus = _gpus(meta, system)
     memory, memory_detail = _device_memory(meta, info, system, gpus=gpus)
-    link_gbps, link_source, link_detail = _link_gbps(info)
+    link_gbps, link_source, link_detail = _link_gbps(info, meta if nnodes > 1 else {})
     bytes_per_param, bytes_source, bytes_detail = _bytes_per_param(num_params, param_bytes)
     run_name, run_detail, run_keys = _run_strategy(meta, config, info)
 
@@ -194,15 +194,53 @@ def _device_memory(meta: dict[int, dict[str, Any]], info: dict[str, Any], system
     return None, "no host memory recorded: the advisor cannot tell what fits"
 
 
-def _link_gbps(info: dict[str, Any]) -> tuple[float | None, str, str]:
+def _link_gbps(info: dict[str, Any], meta: dict[int, dict[str, Any]]) -> tuple[float | None, str, str]:
+    """The inter-node link: a bench reference (measured), else the nodes' NIC line rate (detected), else unknown."""
     ref = info.get("reference_busbw_gbps")
     if isinstance(ref, (int, float)) and not isinstance(ref, bool) and ref > 0:
         if info.get("reference_source") == "emulated":  # `--emulate` without --reference-bench
             return float(ref) * 8, "detected", "the emulated link's configured rate (tc tbf, --emulate)"
         return float(ref) * 8, "measured", (f"all-reduce bus bandwidth {ref:g} GB/s × 8 from the bench run "
                                             f"{info.get('reference_bench') or '(--reference-bench)'}")
+    nic = _nic_line_rate_gbps(meta)
+    if nic is not None:
+        return nic
     return None, "assumed", ("no bench reference in run.json (profile with --reference-bench BENCH_RUN): the advisor "
                              "advises no gradient compression without a link speed")
+
+
+def _nic_line_rate_gbps(meta: dict[int, dict[str, Any]]) -> tuple[float, str, str] | None:
+    """The slowest node's fastest link (InfiniBand port rate, else physical NIC speed), from meta.json `node_facts`.
+
+    One local-rank-0 meta per node carries `node_facts` (`bench.topology.detect_node`). A line
+    rate, not what collectives reach: `--reference-bench` measures that.
+    """
+    per_host: dict[str, tuple[float, str]] = {}
+    for m in meta.values():
+        facts, host = m.get("node_facts"), m.get("hostname")
+        if not isinstance(facts, list) or not isinstance(host, str):
+            continue
+        best: tuple[float, str] | None = None
+        for f in facts:
+            name, value, detail = str(f.get("name", "")), f.get("value"), str(f.get("detail", ""))
+            gbps = None
+            if name.startswith("infiniband.") and isinstance(value, dict) and "ACTIVE" in str(value.get("state")):
+                head = str(value.get("rate") or "").split()
+                gbps = float(head[0]) if head and head[0].replace(".", "", 1).isdigit() else None
+                what = f"InfiniBand {name.split('.', 1)[1]}"
+            elif name.startswith("nic.") and isinstance(value, int) and value > 0 and "physical" in detail \
+                    and "operstate=up" in detail:
+                gbps, what = value / 1000.0, f"NIC {name.split('.')[1]}"
+            if gbps and (best is None or gbps > best[0]):
+                best = (gbps, what)
+        if best is not None:
+            per_host[host] = best
+    hosts = {str(m.get("hostname")) for m in meta.values() if m.get("hostname")}
+    if not per_host or set(per_host) != hosts:
+        return None  # a node without facts could be the slow one
+    host, (gbps, what) = min(per_host.items(), key=lambda kv: kv[1][0])
+    return gbps, "detected", (f"line rate of {what} on {host} (slowest of the {len(per_host)} nodes' fastest links, "
+                              "sysfs); a line rate, not a measurement: --reference-bench measures the fabric")
 
 
 def _max_by_rank(df: pd.DataFrame, col: str) -> dict[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from typing import Any
 
@@ -95,7 +96,23 @@ class RankRuntime:
             self.rank, lambda r: writer.write("system", r), interval_s=self.config.profiler.system_interval_s, nvml_handle=handle
         )
         self.sampler.start()
+        if self.local_rank == 0:  # one per node: its NICs, InfiniBand, GPUs and their links
+            self._node_facts: list[dict[str, Any]] = []
+            self._facts_thread = threading.Thread(target=self._detect_node, name="torsh-tune-topology", daemon=True)
+            self._facts_thread.start()
         self.save_meta()
+
+    def _detect_node(self) -> None:
+        """Read this host's topology facts off the training thread (nvidia-smi can take a while)."""
+        from dataclasses import asdict
+
+        from ..bench.topology import detect_node  # pure Python: sysfs and nvidia-smi
+
+        try:
+            self._node_facts.extend(asdict(f) for f in detect_node(gpus=self.cuda))
+        except Exception as exc:  # noqa: BLE001 - facts are optional
+            self._node_facts.append({"name": "node", "value": None, "source": "assumed",
+                                     "detail": f"detection failed: {type(exc).__name__}: {exc}"})
 
     def finish(self, status: str, *, error: BaseException | None = None, tb: str | None = None) -> None:
         """Write the final meta and exit records; safe to call on any path out of the script."""
@@ -110,6 +127,11 @@ class RankRuntime:
         for _, runner in self.parallelized:
             if runner is not None:
                 self.meta["pipeline"] = runner.stats()
+        thread = getattr(self, "_facts_thread", None)
+        if thread is not None:
+            thread.join(timeout=2.0)
+            if not thread.is_alive():
+                self.meta["node_facts"] = list(self._node_facts)
         if self.writer is None:
             return
         try:
