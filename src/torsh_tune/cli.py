@@ -856,6 +856,20 @@ def _trace_windows(path: Path) -> list[Path]:
     return [path]
 
 
+def _run_thresholds_near(path: Path) -> Any:
+    """The `[thresholds]` of the run a trace path belongs to (RUN, RUN/traces or a window), else None."""
+    from .analysis import run_thresholds
+
+    for candidate in (path, path.parent, path.parent.parent):
+        config = candidate / "config.json"
+        if config.is_file():
+            try:
+                return run_thresholds(json.loads(config.read_text()), [])
+            except ValueError:
+                return None
+    return None
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     import time
 
@@ -870,7 +884,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if out.exists():
         raise invalid("--out", "a directory that does not exist yet", str(out))
     windows = _trace_windows(path)
-    analyses = [(w, analyze_traces(w, hta_rounding=args.hta_rounding)) for w in windows]
+    thresholds = _run_thresholds_near(path)
+    analyses = [(w, analyze_traces(w, hta_rounding=args.hta_rounding, thresholds=thresholds)) for w in windows]
     console = Console(highlight=False)
     for window, analysis in analyses:
         table = Table(title=f"trace analysis: {window}")
@@ -889,6 +904,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         if s.get("straggler_rank") is not None:
             console.print(f"last to arrive at collectives most often: rank {s['straggler_rank']} "
                           f"({s.get('straggler_last_share_pct', 0):.0f} %)")
+        for b in analysis.bottlenecks:
+            console.print(f"{b.severity:<8} {b.category:<13} {b.message}", markup=False, soft_wrap=True)
         target = out / window.name if len(analyses) > 1 else out
         for fmt, p in write_trace_reports(analysis, target).items():
             console.print(f"analysis ({fmt}): {p}")

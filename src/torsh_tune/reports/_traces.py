@@ -7,23 +7,30 @@ timeline of a typical step (`_trace_figures`).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 __all__ = ["render_trace_html", "render_trace_markdown", "trace_report_dict", "write_trace_reports"]
 
 # 2: idle_causes table and idle_*_pct / peer_wait_s in the summary.
-TRACE_REPORT_SCHEMA_VERSION = 2
+# 3: bottlenecks and recommendations (`trace_findings`), as in report.json.
+TRACE_REPORT_SCHEMA_VERSION = 3
 _TABLES = ("breakdown", "overlap", "idle_causes", "stragglers", "top_kernels", "steps")
+_WINDOW_NOTE = ("Shares are % of the profiled window (whole ProfilerSteps), averaged over ranks; "
+                "idle findings use the exposed-communication thresholds.")
 _IDLE_COLUMNS = ["rank", "idle_s", "sync_pct", "comm_wait_pct", "host_wait_pct", "other_pct", "peer_wait_s"]
 
 
 def trace_report_dict(analysis: Any) -> dict[str, Any]:
-    """Plain-JSON document of a TraceAnalysis: summary plus its per-rank tables."""
+    """Plain-JSON document of a TraceAnalysis: summary, findings and its per-rank tables."""
     doc: dict[str, Any] = {
         "schema_version": TRACE_REPORT_SCHEMA_VERSION,
         "path": str(analysis.path),
         "summary": analysis.summary,
+        "bottlenecks": [asdict(b) for b in analysis.bottlenecks],
+        "recommendations": [asdict(r) for r in analysis.recommendations],
     }
     for name in _TABLES:
         frame = getattr(analysis, name)
@@ -44,11 +51,21 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
     return out + [""]
 
 
+def _findings(doc: dict[str, Any]) -> SimpleNamespace:
+    # The run report's sections read these three fields; without a median step they print
+    # gains as percentages only (of the profiled window here, whole steps).
+    return SimpleNamespace(bottlenecks=doc["bottlenecks"], recommendations=doc["recommendations"], summary={})
+
+
 def render_trace_markdown(analysis: Any) -> str:
+    from ._markdown import _bottlenecks, _recommendations
+
     doc = trace_report_dict(analysis)
     s = doc["summary"]
     lines = [f"# Trace analysis: {doc['path']}", ""]
     lines += [f"backend **{s.get('backend')}**, device **{s.get('device')}**, ranks {s.get('ranks')}", ""]
+    lines += [_WINDOW_NOTE, ""]
+    lines += _bottlenecks(_findings(doc)) + _recommendations(_findings(doc))
     lines += ["## Temporal breakdown (% of the profiled span)", ""]
     lines += _table(doc["breakdown"], ["rank", "idle_pct", "compute_pct", "non_compute_pct"])
     lines += ["## Communication and overlap", ""]
@@ -72,7 +89,7 @@ def render_trace_markdown(analysis: Any) -> str:
 
 def render_trace_html(analysis: Any, *, max_segments: int = 1500) -> str:
     """One self-contained HTML page: headline, tables and the per-rank step timeline."""
-    from ._html import _CSS, _e
+    from ._html import _CSS, _bottlenecks, _e, _recommendations
     from ._trace_figures import get_trace_timeline_info, plot_trace_timeline
 
     doc = trace_report_dict(analysis)
@@ -99,6 +116,8 @@ def render_trace_html(analysis: Any, *, max_segments: int = 1500) -> str:
         f"<title>Trace analysis: {_e(doc['path'])}</title><style>{_CSS}</style></head><body><main>",
         f"<h1>Trace analysis</h1><p class=muted>{_e(doc['path'])}: backend {_e(s.get('backend'))}, "
         f"device {_e(s.get('device'))}, ranks {_e(s.get('ranks'))}</p>",
+        f"<p class=muted>{_e(_WINDOW_NOTE)}</p>",
+        *_bottlenecks(_findings(doc)), *_recommendations(_findings(doc)),
         "<h2>Timeline of a typical step</h2>", figure,
         "<h2>Temporal breakdown (% of the profiled span)</h2>",
         table(doc["breakdown"], ["rank", "idle_pct", "compute_pct", "non_compute_pct"]),

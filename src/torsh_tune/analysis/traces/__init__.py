@@ -3,7 +3,8 @@
 Parsing (`load_traces`: streaming, columnar, one DataFrame per rank + a symbol table) is
 kept apart from the analyzers (pure functions over DataFrames: breakdown, overlap,
 collectives, stragglers, idle-time causes, steps and what-ifs) behind one facade,
-`analyze_traces`. No torch import.
+`analyze_traces`, whose tables `trace_findings` turns into the always-on tier's `Bottleneck`
+and `Recommendation` objects. No torch import.
 
 Example:
     >>> from torsh_tune.analysis.traces import analyze_traces  # doctest: +SKIP
@@ -16,6 +17,7 @@ from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
 from ._collectives import COLLECTIVE_COLUMNS, normalize_collective, rank_collectives
 from ._counterfactuals import counterfactuals, step_table
 from ._cross_rank import collective_timing, stragglers
+from ._findings import trace_findings
 from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import RankTrace, TraceSet, find_trace_files, load_traces
 from ._symbols import SymbolTable
@@ -46,4 +48,5 @@ __all__ = [
     "stragglers",
     "temporal_breakdown",
     "top_kernels",
+    "trace_findings",
 ]

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ...config import ThresholdsConfig
+from .._types import Bottleneck, Recommendation
 from ._breakdown import comm_overlap, temporal_breakdown, top_kernels
 from ._collectives import COLLECTIVE_COLUMNS, rank_collectives
 from ._counterfactuals import counterfactuals, step_table
 from ._cross_rank import collective_timing, stragglers
+from ._findings import trace_findings
 from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import TraceSet, load_traces
 from ._timeline import CommPatterns, Timeline, rank_timeline
@@ -37,6 +40,8 @@ class TraceAnalysis:
         idle_segments: every idle stretch with its cause (`idle_segments`).
         timelines: the per-rank device timelines the tables were computed from.
         summary: headline numbers (plain JSON types) for reports and Bottleneck rules.
+        bottlenecks: findings from the tables above, most severe first (`trace_findings`).
+        recommendations: actions for them, priority order, gains bounded by their shares.
     """
 
     path: Path
@@ -50,6 +55,8 @@ class TraceAnalysis:
     idle_segments: pd.DataFrame
     timelines: dict[int, Timeline] = field(default_factory=dict, repr=False)
     summary: dict[str, Any] = field(default_factory=dict)
+    bottlenecks: tuple[Bottleneck, ...] = ()
+    recommendations: tuple[Recommendation, ...] = ()
 
 
 def _mean(df: pd.DataFrame, col: str) -> float | None:
@@ -59,7 +66,7 @@ def _mean(df: pd.DataFrame, col: str) -> float | None:
 
 def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | None = None,
                    exclude_last_step: bool = True, hta_rounding: bool = False,
-                   top_limit: int = 15) -> TraceAnalysis:
+                   top_limit: int = 15, thresholds: ThresholdsConfig | None = None) -> TraceAnalysis:
     """Analyze a directory of Kineto traces (or a loaded `TraceSet`).
 
     Args:
@@ -70,6 +77,7 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
         hta_rounding: round sub-µs kernel times to whole µs as HTA 0.5 does (for
             side-by-side comparisons only).
         top_limit: rows per rank in `top_kernels`.
+        thresholds: thresholds of the bottleneck rules (`trace_findings`); ThresholdsConfig() when None.
 
     Returns:
         A `TraceAnalysis`.
@@ -123,7 +131,9 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
         "hta_rounding": hta_rounding,
         "warnings": list(traces.warnings),
     }
-    return TraceAnalysis(path=traces.path, breakdown=breakdown, overlap=overlap, collectives=coll,
-                         stragglers=strag, top_kernels=top_kernels(timelines, traces.symbols, limit=top_limit),
-                         steps=steps, idle_causes=causes, idle_segments=segments, timelines=timelines,
-                         summary=summary)
+    analysis = TraceAnalysis(path=traces.path, breakdown=breakdown, overlap=overlap, collectives=coll,
+                             stragglers=strag, top_kernels=top_kernels(timelines, traces.symbols, limit=top_limit),
+                             steps=steps, idle_causes=causes, idle_segments=segments, timelines=timelines,
+                             summary=summary)
+    bottlenecks, recommendations = trace_findings(analysis, thresholds)
+    return replace(analysis, bottlenecks=bottlenecks, recommendations=recommendations)
