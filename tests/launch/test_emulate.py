@@ -124,16 +124,23 @@ def _bench_run(runs: Path) -> Path:
     return run
 
 
-@can_emulate
-def test_bench_all_reduce_on_2x2_crosses_the_shaped_link_and_tears_down(tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def bench_2x2(tmp_path_factory) -> tuple[int, str, Path]:
+    """(pid, output, runs dir) of one `bench --emulate` on 2 x 2 (shared by the bench and profile tests)."""
+    runs = tmp_path_factory.mktemp("bench2x2") / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "torsh_tune.cli", "bench", "--emulate", SPEC,
                              "--collectives", "all_reduce", "--min-bytes", str(256 << 10), "--max-bytes", str(1 << 20),
                              "--iters", "3", "--warmup", "1", "--runs-dir", str(runs)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
-    assert _ours(proc.pid) == []
+    return proc.pid, out, runs
+
+
+@can_emulate
+def test_bench_all_reduce_on_2x2_crosses_the_shaped_link_and_tears_down(bench_2x2) -> None:
+    pid, out, runs = bench_2x2
+    assert _ours(pid) == []
     bench = json.loads((_bench_run(runs) / "bench.json").read_text())
     assert bench["world_size"] == 4 and bench["nnodes"] == 2
     assert bench["topology"]["ranks_per_node"] == {"emulated-node0": 2, "emulated-node1": 2}
@@ -255,6 +262,30 @@ def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     categories = {b["category"] for b in report["bottlenecks"]}
     assert categories & {"network", "communication"}, categories
     assert "emulated cluster: 2 nodes x 2 rank(s), 1 Gbit/s links" in done.stdout
+
+
+@can_emulate
+def test_profile_against_a_bench_of_the_same_cluster_shows_busbw_beside_its_model(bench_2x2, tmp_path: Path) -> None:
+    _, _, bench_runs = bench_2x2
+    runs = tmp_path / "runs"
+    done = run_cli("profile", "--emulate", SPEC, "--reference-bench", str(_bench_run(bench_runs)), "--steps", "4",
+                   "--warmup-steps", "2", "--runs-dir", str(runs), "--run-name", "emu",
+                   str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512", timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = runs / "emu"
+    report = json.loads((run / "report" / "report.json").read_text())
+    inputs = {i["name"]: i for i in report["strategy_advice"][0]["inputs"]}
+    assert (inputs["nnodes"]["value"], inputs["link_gbps"]["source"]) == (2, "measured")  # the bench, not the tbf rate
+    # Topology: the nodes' facts in their local rank 0's meta.json, the layout in the report.
+    metas = {json.loads(p.read_text())["rank"]: json.loads(p.read_text()) for p in (run / "ranks").glob("*meta.json")}
+    assert {r for r, m in metas.items() if "node_facts" in m} == {0, 2}
+    assert "(2 node(s) × 2)" in (run / "report" / "report.md").read_text()
+    html = (run / "report" / "report.html").read_text()
+    assert 'id="figure-busbw_model"' in html and "Bus bandwidth per bucket: measured vs bench model" in html
+    categories = {b["category"]: b for b in report["bottlenecks"]}
+    assert categories.keys() & {"network", "communication"}, categories
+    gains = [r["expected_gain"] for r in report["recommendations"] if r["category"] in ("network", "communication")]
+    assert gains and all(g["high_pct"] > 0 for g in gains)  # quantified
 
 
 @can_emulate
