@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import ConfigError, invalid
+from .errors import ConfigError, int_at_least, invalid
 
 __all__ = [
     "BACKENDS",
@@ -784,13 +784,7 @@ def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
             if default is None:
                 raise invalid(f"environment variable {name}", "set when RANK or WORLD_SIZE is", None)
             return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise invalid(f"environment variable {name}", f"an integer >= {low}", raw) from None
-        if value < low:
-            raise invalid(f"environment variable {name}", f"an integer >= {low}", raw)
-        return value
+        return int_at_least(f"environment variable {name}", raw, low)
 
     world = integer("WORLD_SIZE", None, 1)
     rank = integer("RANK", None, 0)

@@ -6,7 +6,7 @@ CLI can print it as one line and exit with status 2.
 
 from __future__ import annotations
 
-__all__ = ["TorshTuneError", "ConfigError", "LaunchError", "TrialError"]
+__all__ = ["TorshTuneError", "ConfigError", "LaunchError", "TrialError", "int_at_least", "invalid"]
 
 
 class TorshTuneError(Exception):
@@ -28,3 +28,18 @@ class TrialError(TorshTuneError):
 def invalid(what: str, rule: str, value: object) -> ConfigError:
     """Build the canonical one-line ConfigError: `<what> must be <rule>, but got <value>`."""
     return ConfigError(f"{what} must be {rule}, but got {value!r}")
+
+
+def int_at_least(what: str, raw: str, low: int) -> int:
+    """`raw` (text from a flag, spec or environment variable) as an integer >= `low`.
+
+    Raises:
+        ConfigError: `<what> must be an integer >= low, but got raw` otherwise.
+    """
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid(what, f"an integer >= {low}", raw) from None
+    if value < low:
+        raise invalid(what, f"an integer >= {low}", value)
+    return value

@@ -44,7 +44,7 @@ from types import FrameType
 from typing import Any
 
 from ..config import RunConfig
-from ..errors import TorshTuneError, invalid
+from ..errors import TorshTuneError, int_at_least, invalid
 
 __all__ = [
     "AGENTS_MODULE",
@@ -96,13 +96,7 @@ def _quantity(key: str, text: str, units: dict[str, float], rule: str) -> float:
 
 
 def _count(key: str, text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise invalid(f"--emulate {key}", f"an integer >= {minimum}", text) from None
-    if value < minimum:
-        raise invalid(f"--emulate {key}", f"an integer >= {minimum}", value)
-    return value
+    return int_at_least(f"--emulate {key}", text, minimum)
 
 
 @dataclass(frozen=True, kw_only=True)
