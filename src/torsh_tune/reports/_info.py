@@ -39,8 +39,20 @@ _RUN_KEYS = (
 _HARDWARE_KEYS = ("hostname", "platform", "cpu_count", "mem_total_bytes", "python_executable")
 
 
+class JsonDocument:
+    """`to_dict` / `to_json` of the report dataclasses (run report, study report): plain JSON types, strict JSON."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists, NaN and infinities become None)."""
+        return _plain(dataclasses.asdict(self))  # type: ignore[call-overload]  # subclasses are dataclasses
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The document as strict JSON (no NaN or Infinity)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
+
+
 @dataclass(frozen=True, kw_only=True)
-class ReportInfo:
+class ReportInfo(JsonDocument):
     """The data of one run's report, JSON-serialisable and schema-versioned.
 
     Attributes:
@@ -96,14 +108,6 @@ class ReportInfo:
     alerts: tuple[dict[str, Any], ...] = ()
     partial: bool = False
     warnings: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists)."""
-        return _plain(dataclasses.asdict(self))
-
-    def to_json(self, *, indent: int | None = 2) -> str:
-        """The report as a JSON document (strict JSON: no NaN or Infinity)."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ReportInfo":

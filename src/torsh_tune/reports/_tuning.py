@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import invalid
-from ._info import _plain
+from ._info import JsonDocument
 
 __all__ = ["IMPORTANCE_METHOD", "TUNING_SCHEMA_VERSION", "TuningInfo", "get_tuning_info"]
 
@@ -67,7 +67,7 @@ _TABLE_FILES = ("trials.parquet", "trials.csv")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TuningInfo:
+class TuningInfo(JsonDocument):
     """The data of one study's report, JSON-serialisable and schema-versioned.
 
     Attributes:
@@ -123,14 +123,6 @@ class TuningInfo:
     verdict: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     warnings: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (tuples become lists, NaN becomes None)."""
-        return _plain(dataclasses.asdict(self))
-
-    def to_json(self, *, indent: int | None = 2) -> str:
-        """The study report as strict JSON (no NaN or Infinity)."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TuningInfo":
