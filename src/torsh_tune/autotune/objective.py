@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis import load_run
+from ..rundir import RunDir
 
 __all__ = [
     "Measurement",
@@ -242,12 +244,14 @@ def effective_settings(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None
     Returns:
         A JSON-comparable dict, or None when rank 0 left no meta.json (nothing to compare).
     """
-    frames = load_run(run_dir)
-    meta = frames.meta.get(0)
-    if meta is None:
+    run = RunDir(run_dir)  # two small JSON files, not the run's records
+    meta_path = run.rank_file(0, "meta")
+    if not meta_path.is_file():
         return None
-    strategy = {k: v for k, v in (frames.config.get("strategy") or {}).items() if k not in ("ddp", "dataloader")}
-    env = dict((frames.config.get("launch") or {}).get("env") or {})
+    meta = json.loads(meta_path.read_text())
+    config = json.loads(run.config_json.read_text()) if run.config_json.is_file() else {}
+    strategy = {k: v for k, v in (config.get("strategy") or {}).items() if k not in ("ddp", "dataloader")}
+    env = dict((config.get("launch") or {}).get("env") or {})
     env.pop("OMP_NUM_THREADS", None)
     return {
         "strategy": strategy,

@@ -203,7 +203,9 @@ def count_tokens(n: int) -> None:
     when the sequence length or the batch composition changes. Call it on every rank with
     the tokens of that rank's own data, any number of times per step (micro-batches add up);
     a pipeline's ranks share one batch, so count there on one rank only. Outside torsh-tune
-    (the script run alone or under bare torchrun) it does nothing.
+    (the script run alone or under bare torchrun) it does nothing. Pass a host-side int
+    (`input_ids.numel()` reads the shape, no sync); a one-element integer tensor is accepted
+    too, but reading a CUDA tensor waits for the device at every call.
 
     Raises:
         ConfigError: `n` is not an integer >= 0.
