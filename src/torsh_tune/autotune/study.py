@@ -650,6 +650,8 @@ def _enqueue_model(study, space: SearchSpace, run_dirs: Sequence[str], model: Co
         })
     except Exception as exc:  # noqa: BLE001 - the model only seeds the search; it must not stop it
         _log.warning("communication-model candidates not enqueued: %s: %s", type(exc).__name__, exc)
+        study.set_user_attr("model", {"bench": source, "enqueued": [], "skipped": skipped,
+                                      "error": f"{type(exc).__name__}: {exc}"})
 
 
 def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,

@@ -130,7 +130,9 @@ class RankRuntime:
         thread = getattr(self, "_facts_thread", None)
         if thread is not None:
             thread.join(timeout=2.0)
-            if not thread.is_alive():
+            if thread.is_alive():
+                self.note("node topology facts not recorded: their detection (nvidia-smi) still ran at exit")
+            else:
                 self.meta["node_facts"] = list(self._node_facts)
         if self.writer is None:
             return
