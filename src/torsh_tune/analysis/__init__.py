@@ -9,32 +9,53 @@ Example:
     >>> [(b.category, b.severity) for b in a.bottlenecks]  # doctest: +SKIP
 """
 
-from ._advice import strategy_advice
-from ._alerts import ALERT_KINDS, ALERT_SEVERITIES, Alert, find_alerts
-from ._analyze import analyze_run, run_thresholds
-from ._bottlenecks import diagnose
-from ._comm import aligned_collectives, bus_factor, comm_stats
-from ._load import RunFrames, compact_run, load_run
-from ._recommend import choose_num_workers, recommend
-from ._resources import data_wait_by_rank, memory_stats, system_stats
-from ._steps import breakdown, measured, phase_frame, step_stats
-from ._stragglers import straggler_stats
-from ._types import (
-    CATEGORIES,
-    EFFORTS,
-    PHASES,
-    SEVERITIES,
-    Bottleneck,
-    Breakdown,
-    CommStats,
-    GainRange,
-    MemoryStats,
-    Recommendation,
-    RunAnalysis,
-    StepStats,
-    StragglerStats,
-    SystemStats,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Attributes load their module on first use (PEP 562): `torsh_tune.analysis.traces` and
+# other numpy-only users must not pay for the pandas-based run analyzers (~80 MB, ~0.3 s).
+_LAZY = {
+    "strategy_advice": "._advice",
+    "ALERT_KINDS": "._alerts",
+    "ALERT_SEVERITIES": "._alerts",
+    "Alert": "._alerts",
+    "find_alerts": "._alerts",
+    "analyze_run": "._analyze",
+    "run_thresholds": "._analyze",
+    "diagnose": "._bottlenecks",
+    "aligned_collectives": "._comm",
+    "bus_factor": "._comm",
+    "comm_stats": "._comm",
+    "RunFrames": "._load",
+    "compact_run": "._load",
+    "load_run": "._load",
+    "choose_num_workers": "._recommend",
+    "recommend": "._recommend",
+    "data_wait_by_rank": "._resources",
+    "memory_stats": "._resources",
+    "system_stats": "._resources",
+    "breakdown": "._steps",
+    "measured": "._steps",
+    "phase_frame": "._steps",
+    "step_stats": "._steps",
+    "straggler_stats": "._stragglers",
+    "Bottleneck": "._types",
+    "Breakdown": "._types",
+    "CATEGORIES": "._types",
+    "CommStats": "._types",
+    "EFFORTS": "._types",
+    "GainRange": "._types",
+    "MemoryStats": "._types",
+    "PHASES": "._types",
+    "Recommendation": "._types",
+    "RunAnalysis": "._types",
+    "SEVERITIES": "._types",
+    "StepStats": "._types",
+    "StragglerStats": "._types",
+    "SystemStats": "._types",
+}
 
 __all__ = [
     "ALERT_KINDS",
@@ -76,3 +97,16 @@ __all__ = [
     "strategy_advice",
     "system_stats",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,10 +1,11 @@
-"""Deep-trace analysis: Kineto/Chrome traces (NCCL or gloo) into per-rank DataFrames.
+"""Deep-trace analysis: Kineto/Chrome traces (NCCL or gloo) into per-rank tables.
 
-Parsing (`load_traces`: streaming, columnar, one DataFrame per rank + a symbol table) is
-kept apart from the analyzers (pure functions over DataFrames: breakdown, overlap,
+Parsing (`load_traces`: streaming, columnar, one event `Table` per rank + a symbol table)
+is kept apart from the analyzers (pure functions over numpy `Table`s: breakdown, overlap,
 collectives, stragglers, idle-time causes, steps and what-ifs) behind one facade,
 `analyze_traces`, whose tables `trace_findings` turns into the always-on tier's `Bottleneck`
-and `Recommendation` objects. No torch import.
+and `Recommendation` objects. Neither torch nor pandas is imported: every table is also a
+pandas DataFrame on request (`TraceAnalysis.breakdown`, `RankTrace.events`, `Table.to_pandas`).
 
 Example:
     >>> from torsh_tune.analysis.traces import analyze_traces  # doctest: +SKIP
@@ -21,6 +22,7 @@ from ._findings import trace_findings
 from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import RankTrace, TraceSet, find_trace_files, load_traces
 from ._symbols import SymbolTable
+from ._table import Table
 from ._timeline import CommPatterns, Timeline, rank_timeline, step_spans
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "CommPatterns",
     "RankTrace",
     "SymbolTable",
+    "Table",
     "Timeline",
     "TraceAnalysis",
     "TraceSet",

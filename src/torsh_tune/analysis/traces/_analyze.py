@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ...config import ThresholdsConfig
 from .._types import Bottleneck, Recommendation
@@ -18,14 +17,39 @@ from ._cross_rank import collective_timing, stragglers
 from ._findings import trace_findings
 from ._idle import IDLE_CAUSES, idle_causes, idle_segments
 from ._model import TraceSet, load_traces
+from ._table import Table
 from ._timeline import CommPatterns, Timeline, rank_timeline
 
-__all__ = ["TraceAnalysis", "analyze_traces"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+TABLES = ("breakdown", "overlap", "collectives", "stragglers", "top_kernels", "steps", "idle_causes",
+          "idle_segments")
+
+
+class _Frame:
+    """A `TraceAnalysis.tables` entry as a DataFrame, built on first access (imports pandas)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: TraceAnalysis | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        cache = obj.__dict__.setdefault("_frames", {})
+        if self.name not in cache:
+            cache[self.name] = obj.tables[self.name].to_pandas()
+        return cache[self.name]
+
+__all__ = ["TABLES", "TraceAnalysis", "analyze_traces"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TraceAnalysis:
-    """Results of `analyze_traces`: DataFrames keyed by rank plus a JSON-able summary.
+    """Results of `analyze_traces`: tables keyed by rank plus a JSON-able summary.
+
+    Each table is in `tables` (numpy `Table`s, what the analyzers produce) and, as a
+    pandas DataFrame built on first access, under its own name (``a.breakdown``...).
 
     Attributes:
         breakdown: idle/compute/non-compute per rank (`temporal_breakdown`).
@@ -45,23 +69,26 @@ class TraceAnalysis:
     """
 
     path: Path
-    breakdown: pd.DataFrame
-    overlap: pd.DataFrame
-    collectives: pd.DataFrame
-    stragglers: pd.DataFrame
-    top_kernels: pd.DataFrame
-    steps: pd.DataFrame
-    idle_causes: pd.DataFrame
-    idle_segments: pd.DataFrame
+    tables: dict[str, Table]
     timelines: dict[int, Timeline] = field(default_factory=dict, repr=False)
     summary: dict[str, Any] = field(default_factory=dict)
     bottlenecks: tuple[Bottleneck, ...] = ()
     recommendations: tuple[Recommendation, ...] = ()
 
+    breakdown = _Frame()
+    overlap = _Frame()
+    collectives = _Frame()
+    stragglers = _Frame()
+    top_kernels = _Frame()
+    steps = _Frame()
+    idle_causes = _Frame()
+    idle_segments = _Frame()
 
-def _mean(df: pd.DataFrame, col: str) -> float | None:
-    v = df[col].dropna() if col in df else pd.Series(dtype=float)
-    return float(v.mean()) if len(v) else None
+
+def _mean(t: Table, col: str) -> float | None:
+    v = t[col].astype(float) if col in t else np.empty(0)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else None
 
 
 def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | None = None,
@@ -96,9 +123,8 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
                                   hta_rounding=hta_rounding) for r, rt in traces.ranks.items()}
     breakdown = temporal_breakdown(timelines)
     overlap = comm_overlap(timelines)
-    frames = [rank_collectives(rt, traces.symbols, patterns) for rt in traces.ranks.values()]
-    frames = [f for f in frames if len(f)]
-    coll = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLLECTIVE_COLUMNS)
+    coll = Table.concat([rank_collectives(rt, traces.symbols, patterns) for rt in traces.ranks.values()],
+                        COLLECTIVE_COLUMNS)
     coll = collective_timing(coll)
     strag = stragglers(coll)
     steps = step_table(traces, timelines)
@@ -107,7 +133,7 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     idle_total = float(causes["idle_s"].sum())
     what_if = counterfactuals(steps)
     backends = sorted({rt.backend for rt in traces.ranks.values() if rt.backend})
-    worst = strag.sort_values("times_last", ascending=False).iloc[0] if len(strag) else None
+    worst = strag.rows()[int(np.argmax(strag["times_last"]))] if len(strag) else None
     summary: dict[str, Any] = {
         "num_ranks": len(traces.ranks),
         "ranks": list(traces.ranks),
@@ -124,16 +150,17 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
         **{f"idle_{c}_pct": (100.0 * float(causes[f"{c}_s"].sum()) / idle_total if idle_total > 0 else None)
            for c in IDLE_CAUSES},
         "peer_wait_s": float(causes["peer_wait_s"].sum()) if len(causes) else None,
-        "median_busbw_gbps": float(np.nanmedian(coll["busbw_gbps"])) if coll["busbw_gbps"].notna().any() else None,
+        "median_busbw_gbps": (float(np.nanmedian(coll["busbw_gbps"])) if (~np.isnan(coll["busbw_gbps"])).any()
+                              else None),
         "straggler_rank": int(worst["rank"]) if worst is not None and worst["times_last"] > 0 else None,
         "straggler_last_share_pct": float(worst["last_share_pct"]) if worst is not None else None,
         **{f"what_if_{k}" if k != "slowest_rank" else k: v for k, v in what_if.items()},
         "hta_rounding": hta_rounding,
         "warnings": list(traces.warnings),
     }
-    analysis = TraceAnalysis(path=traces.path, breakdown=breakdown, overlap=overlap, collectives=coll,
-                             stragglers=strag, top_kernels=top_kernels(timelines, traces.symbols, limit=top_limit),
-                             steps=steps, idle_causes=causes, idle_segments=segments, timelines=timelines,
-                             summary=summary)
+    tables = {"breakdown": breakdown, "overlap": overlap, "collectives": coll, "stragglers": strag,
+              "top_kernels": top_kernels(timelines, traces.symbols, limit=top_limit), "steps": steps,
+              "idle_causes": causes, "idle_segments": segments}
+    analysis = TraceAnalysis(path=traces.path, tables=tables, timelines=timelines, summary=summary)
     bottlenecks, recommendations = trace_findings(analysis, thresholds)
     return replace(analysis, bottlenecks=bottlenecks, recommendations=recommendations)

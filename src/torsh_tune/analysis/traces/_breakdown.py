@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from . import _intervals as iv
 from ._symbols import SymbolTable
+from ._table import Table, strings
 from ._timeline import COMMUNICATION, COMPUTATION, KIND_NAMES, Timeline
 
 __all__ = ["comm_overlap", "temporal_breakdown", "top_kernels"]
 
 
-def temporal_breakdown(timelines: dict[int, Timeline]) -> pd.DataFrame:
+def temporal_breakdown(timelines: dict[int, Timeline]) -> Table:
     """Idle / compute / non-compute share of each rank's device timeline.
 
     Over the span from the first kernel's start to the last kernel's end (HTA's
@@ -39,11 +39,11 @@ def temporal_breakdown(timelines: dict[int, Timeline]) -> pd.DataFrame:
         rows.append({"rank": rank, "device": tl.device, "span_s": span / 1e6, "idle_s": idle / 1e6,
                      "compute_s": compute / 1e6, "non_compute_s": non_compute / 1e6,
                      "idle_pct": pct(idle), "compute_pct": pct(compute), "non_compute_pct": pct(non_compute)})
-    return pd.DataFrame(rows, columns=["rank", "device", "span_s", "idle_s", "compute_s", "non_compute_s",
-                                       "idle_pct", "compute_pct", "non_compute_pct"])
+    return Table.from_rows(rows, ["rank", "device", "span_s", "idle_s", "compute_s", "non_compute_s",
+                                   "idle_pct", "compute_pct", "non_compute_pct"])
 
 
-def comm_overlap(timelines: dict[int, Timeline]) -> pd.DataFrame:
+def comm_overlap(timelines: dict[int, Timeline]) -> Table:
     """How much communication runs under computation, and how much is exposed.
 
     overlap_pct = |comm ∩ compute| / |comm| (HTA's comp/comm overlap); exposed_comm_s =
@@ -68,33 +68,41 @@ def comm_overlap(timelines: dict[int, Timeline]) -> pd.DataFrame:
                      "overlapped_s": both / 1e6, "exposed_comm_s": (comm_t - both) / 1e6,
                      "overlap_pct": 100.0 * both / comm_t if comm_t > 0 else float("nan"),
                      "exposed_comm_pct": 100.0 * (comm_t - both) / span if span > 0 else float("nan")})
-    return pd.DataFrame(rows, columns=["rank", "device", "comm_s", "compute_s", "overlapped_s",
-                                       "exposed_comm_s", "overlap_pct", "exposed_comm_pct"])
+    return Table.from_rows(rows, ["rank", "device", "comm_s", "compute_s", "overlapped_s",
+                                   "exposed_comm_s", "overlap_pct", "exposed_comm_pct"])
 
 
-def top_kernels(timelines: dict[int, Timeline], symbols: SymbolTable, *, limit: int = 15) -> pd.DataFrame:
+def top_kernels(timelines: dict[int, Timeline], symbols: SymbolTable, *, limit: int = 15) -> Table:
     """The kernels (CPU: main-thread ops, inclusive) taking the most time on each rank.
 
     Returns:
         rank, name, kind, count, total_s, mean_us, max_us, share_pct (of the rank's
         summed kernel time), at most `limit` rows per rank, longest first.
     """
-    frames = []
+    cols = ["rank", "name", "kind", "count", "total_s", "mean_us", "max_us", "share_pct"]
+    parts = []
     for rank, tl in timelines.items():
         if tl.start_us.size == 0:
             continue
-        df = pd.DataFrame({"name_id": tl.name_id, "kind": tl.kind, "dur_us": tl.end_us - tl.start_us})
-        g = df.groupby(["name_id", "kind"], sort=False)["dur_us"].agg(["count", "sum", "mean", "max"])
-        g = g.sort_values("sum", ascending=False).head(limit).reset_index()
-        frames.append(pd.DataFrame({
-            "rank": rank,
-            "name": symbols.decode(g["name_id"].tolist()),
-            "kind": [KIND_NAMES[k] for k in g["kind"].tolist()],
-            "count": g["count"].astype(np.int64),
-            "total_s": g["sum"] / 1e6,
-            "mean_us": g["mean"],
-            "max_us": g["max"],
-            "share_pct": 100.0 * g["sum"] / df["dur_us"].sum(),
+        dur = tl.end_us - tl.start_us
+        # One key per (name, kind): ids are < 2**31 and kinds < 4.
+        key = tl.name_id.astype(np.int64) * 4 + tl.kind
+        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        total_us = np.bincount(inverse, weights=dur)
+        count = np.bincount(inverse)
+        longest = np.full(uniq.size, -np.inf)
+        np.maximum.at(longest, inverse, dur)
+        # Longest total first; ties keep first appearance, as a stable sort of pandas' groupby(sort=False).
+        top = np.lexsort((first, -total_us))[:limit]
+        names = tl.name_id[first[top]]
+        parts.append(Table({
+            "rank": np.full(top.size, rank, dtype=np.int64),
+            "name": strings(symbols.decode(names.tolist())),
+            "kind": strings(KIND_NAMES[k] for k in tl.kind[first[top]].tolist()),
+            "count": count[top].astype(np.int64),
+            "total_s": total_us[top] / 1e6,
+            "mean_us": total_us[top] / count[top],
+            "max_us": longest[top],
+            "share_pct": 100.0 * total_us[top] / dur.sum(),
         }))
-    cols = ["rank", "name", "kind", "count", "total_s", "mean_us", "max_us", "share_pct"]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    return Table.concat(parts, cols)

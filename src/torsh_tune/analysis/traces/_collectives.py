@@ -15,14 +15,15 @@ order, by kind and element count (reduce_scatter runs as ``gloo:all_reduce``).
 from __future__ import annotations
 
 import re
-from collections import defaultdict, deque
+from collections import defaultdict, deque, namedtuple
+from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ._model import RankTrace
 from ._parser import dtype_bytes
 from ._symbols import SymbolTable
+from ._table import Table, strings
 from ._timeline import CommPatterns
 
 __all__ = ["COLLECTIVE_COLUMNS", "rank_collectives", "normalize_collective"]
@@ -53,28 +54,54 @@ def normalize_collective(raw: str) -> str:
 _NCCL_KIND = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 
-def _frame(rows: dict[str, list]) -> pd.DataFrame:
-    return pd.DataFrame({c: rows.get(c, []) for c in COLLECTIVE_COLUMNS})
+_STRING_COLUMNS = ("backend", "collective", "pg", "match_key", "name")
+_INT_COLUMNS = ("rank", "stream")
+_EVENT = namedtuple("_EVENT", "ts_us dur_us name_id tid stream correlation coll_name_id group_size in_nelems "
+                              "out_nelems dtype_id pg_name_id input_numel input_bytes")
 
 
-def _nccl(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.DataFrame:
-    ev = trace.events
-    kernels = ev[ev["name_id"].isin(symbols.ids_matching(patterns.nccl_regex())) & (ev["stream"] >= 0)
-                 & ev["dur_us"].notna()].sort_values("ts_us")
-    if kernels.empty:
+def _frame(rows: dict[str, list]) -> Table:
+    cols: dict[str, Any] = {}
+    for c in COLLECTIVE_COLUMNS:
+        vals = rows.get(c, [])
+        cols[c] = (strings(vals) if c in _STRING_COLUMNS
+                   else np.asarray(vals, dtype=np.int64 if c in _INT_COLUMNS else np.float64))
+    return Table(cols)
+
+
+def _events(ev: Table, rows: np.ndarray) -> list[Any]:
+    """Rows of `ev` as attribute tuples (for the per-collective Python loops)."""
+    return [_EVENT._make(vals) for vals in zip(*(ev[f][rows].tolist() for f in _EVENT._fields))]
+
+
+def _nccl(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Table:
+    ev = trace.table
+    ts, stream, corr = ev["ts_us"], ev["stream"], ev["correlation"]
+    rows = np.flatnonzero(np.isin(ev["name_id"], symbols.ids_matching(patterns.nccl_regex())) & (stream >= 0)
+                          & ~np.isnan(ev["dur_us"]))
+    if rows.size == 0:
         return _frame({})
+    rows = rows[np.argsort(ts[rows], kind="stable")]
     # The CPU side of each kernel: its launch (same correlation) and the enclosing
     # record_param_comms on the launching thread (sizes for traces without kernel args).
-    cpu = ev[ev["stream"] < 0]
-    launches = cpu[cpu["correlation"] >= 0].drop_duplicates("correlation").set_index("correlation")
-    launched = launches[["ts_us", "tid"]].reindex(kernels["correlation"].to_numpy())
-    rpc = cpu[cpu["name_id"] == symbols.id_of("record_param_comms")].sort_values("ts_us")
-    rpc_by_tid = {tid: (g["ts_us"].to_numpy(), (g["ts_us"] + g["dur_us"]).to_numpy(), g["input_bytes"].to_numpy(),
-                        g["input_numel"].to_numpy()) for tid, g in rpc.groupby("tid")}
+    cpu = stream < 0
+    launch_rows = np.flatnonzero(cpu & (corr >= 0))
+    launch_corr, first = np.unique(corr[launch_rows], return_index=True)
+    launch_rows = launch_rows[first]
+    at = np.minimum(np.searchsorted(launch_corr, corr[rows]), max(launch_corr.size - 1, 0))
+    found = launch_corr[at] == corr[rows] if launch_corr.size else np.zeros(rows.size, dtype=bool)
+    issue_at = np.where(found, ts[launch_rows[at]] if launch_corr.size else np.nan, np.nan)
+    issue_tid = np.where(found, ev["tid"][launch_rows[at]] if launch_corr.size else -1, -1)
+    rpc = np.flatnonzero(cpu & (ev["name_id"] == symbols.id_of("record_param_comms")))
+    rpc = rpc[np.argsort(ts[rpc], kind="stable")]
+    rpc_by_tid = {}
+    for tid in np.unique(ev["tid"][rpc]).tolist():
+        g = rpc[ev["tid"][rpc] == tid]
+        rpc_by_tid[tid] = (ts[g], ts[g] + ev["dur_us"][g], ev["input_bytes"][g], ev["input_numel"][g])
     default_pg = (trace.process_groups[0].get("pg_name", "0") if trace.process_groups else "")
-    rows: dict[str, list] = defaultdict(list)
+    rows_out: dict[str, list] = defaultdict(list)
     order: dict[str, int] = defaultdict(int)
-    for k, issue, tid in zip(kernels.itertuples(index=False), launched["ts_us"].tolist(), launched["tid"].tolist()):
+    for k, issue, tid in zip(_events(ev, rows), issue_at.tolist(), issue_tid.tolist()):
         name = symbols[k.name_id]
         if k.coll_name_id >= 0:
             kind = normalize_collective(symbols[k.coll_name_id])
@@ -88,27 +115,27 @@ def _nccl(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.
         if k.in_nelems >= 0 and k.dtype_id >= 0 and dtype_bytes(symbols[k.dtype_id]) > 0:
             numel = int(max(k.in_nelems, k.out_nelems))
             size = numel * dtype_bytes(symbols[k.dtype_id])
-        if size < 0 and issue == issue and (cands := rpc_by_tid.get(int(tid))) is not None:
+        if size < 0 and issue == issue and (cands := rpc_by_tid.get(tid)) is not None:
             i = int(np.searchsorted(cands[0], issue, side="right")) - 1
             if i >= 0 and cands[1][i] >= issue:
                 size, numel = int(cands[2][i]), int(cands[3][i])
         pg = symbols[k.pg_name_id] if k.pg_name_id >= 0 else (default_pg or f"stream{k.stream}")
-        rows["rank"].append(trace.rank)
-        rows["backend"].append("nccl")
-        rows["collective"].append(kind)
-        rows["pg"].append(pg)
-        rows["match_key"].append(f"{pg}#{order[pg]}")
+        rows_out["rank"].append(trace.rank)
+        rows_out["backend"].append("nccl")
+        rows_out["collective"].append(kind)
+        rows_out["pg"].append(pg)
+        rows_out["match_key"].append(f"{pg}#{order[pg]}")
         order[pg] += 1
-        rows["issue_us"].append(issue)
-        rows["start_us"].append(float(k.ts_us))
-        rows["end_us"].append(float(k.ts_us + k.dur_us))
-        rows["dur_us"].append(float(k.dur_us))
-        rows["size_bytes"].append(size if size > 0 else np.nan)
-        rows["numel"].append(numel if numel > 0 else np.nan)
-        rows["group_size"].append(group or trace.world_size or np.nan)
-        rows["stream"].append(int(k.stream))
-        rows["name"].append(name)
-    return _frame(rows)
+        rows_out["issue_us"].append(issue)
+        rows_out["start_us"].append(float(k.ts_us))
+        rows_out["end_us"].append(float(k.ts_us + k.dur_us))
+        rows_out["dur_us"].append(float(k.dur_us))
+        rows_out["size_bytes"].append(size if size > 0 else np.nan)
+        rows_out["numel"].append(numel if numel > 0 else np.nan)
+        rows_out["group_size"].append(group or trace.world_size or np.nan)
+        rows_out["stream"].append(int(k.stream))
+        rows_out["name"].append(name)
+    return _frame(rows_out)
 
 
 def _compatible(issued: str, ran: str) -> bool:
@@ -118,17 +145,22 @@ def _compatible(issued: str, ran: str) -> bool:
     return ran == "all_reduce" and issued in ("reduce_scatter", "barrier", "all_reduce")
 
 
-def _gloo(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.DataFrame:
-    ev = trace.events[trace.events["dur_us"].notna()]
-    work = ev[ev["name_id"].isin(symbols.ids_matching(patterns.gloo_worker))].sort_values("ts_us")
-    if work.empty:
+def _gloo(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Table:
+    ev = trace.table
+    timed = ~np.isnan(ev["dur_us"])
+
+    def sorted_rows(pattern: str) -> np.ndarray:
+        rows = np.flatnonzero(timed & np.isin(ev["name_id"], symbols.ids_matching(pattern)))
+        return rows[np.argsort(ev["ts_us"][rows], kind="stable")]
+
+    work = sorted_rows(patterns.gloo_worker)
+    if work.size == 0:
         return _frame({})
-    issued = ev[ev["name_id"].isin(symbols.ids_matching(patterns.c10d_ops))].sort_values("ts_us")
     pending: dict[str, deque] = defaultdict(deque)
-    for w in work.itertuples(index=False):
+    for w in _events(ev, work):
         pending[normalize_collective(symbols[w.name_id])].append(w)
     pairs = []  # (issue op or None, worker span)
-    for op in issued.itertuples(index=False):
+    for op in _events(ev, sorted_rows(patterns.c10d_ops)):
         kind = normalize_collective(symbols[op.name_id])
         match = None
         for ran, queue in pending.items():
@@ -172,7 +204,7 @@ def _gloo(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.
     return _frame(rows)
 
 
-def rank_collectives(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> pd.DataFrame:
+def rank_collectives(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Table:
     """Every collective `trace` ran, one row each, ordered by start.
 
     Columns: rank, backend, collective (snake_case kind), pg, match_key (the same
@@ -182,4 +214,4 @@ def rank_collectives(trace: RankTrace, symbols: SymbolTable, patterns: CommPatte
     """
     nccl = _nccl(trace, symbols, patterns)
     out = nccl if len(nccl) else _gloo(trace, symbols, patterns)
-    return out.sort_values("start_us", ignore_index=True)
+    return out.sort("start_us")

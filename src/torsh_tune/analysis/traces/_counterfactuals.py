@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from . import _intervals as iv
 from ._model import TraceSet
+from ._table import Table
 from ._timeline import COMMUNICATION, COMPUTATION, Timeline, step_spans
 
 __all__ = ["step_table", "counterfactuals"]
 
 
-def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> pd.DataFrame:
+def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
     """One row per (rank, ProfilerStep): step_s, comm_s and exposed_comm_s inside it.
 
     Returns:
@@ -23,17 +23,17 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> pd.DataFrame
         tl = timelines[rank]
         comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
         comp = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
-        for st in step_spans(rt.events, traces.symbols).itertuples(index=False):
-            c = iv.clip(*comm, st.start_us, st.end_us)
-            p = iv.clip(*comp, st.start_us, st.end_us)
+        spans = step_spans(rt.table, traces.symbols)
+        for step, start, end in zip(*(spans[c].tolist() for c in ("step", "start_us", "end_us"))):
+            c = iv.clip(*comm, start, end)
+            p = iv.clip(*comp, start, end)
             comm_t = iv.total(*c)
-            rows.append({"rank": rank, "step": st.step, "start_us": st.start_us,
-                         "step_s": (st.end_us - st.start_us) / 1e6, "comm_s": comm_t / 1e6,
-                         "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6})
-    return pd.DataFrame(rows, columns=["rank", "step", "start_us", "step_s", "comm_s", "exposed_comm_s"])
+            rows.append({"rank": rank, "step": step, "start_us": start, "step_s": (end - start) / 1e6,
+                         "comm_s": comm_t / 1e6, "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6})
+    return Table.from_rows(rows, ["rank", "step", "start_us", "step_s", "comm_s", "exposed_comm_s"])
 
 
-def counterfactuals(steps: pd.DataFrame) -> dict[str, float | int | None]:
+def counterfactuals(steps: Table) -> dict[str, float | int | None]:
     """What-if step times over the profiled steps (medians over steps, seconds).
 
     Synchronous data parallelism makes a step as slow as its slowest rank, so:
@@ -46,15 +46,17 @@ def counterfactuals(steps: pd.DataFrame) -> dict[str, float | int | None]:
                 "slowest_rank": None}
     per_step = []
     slowest = []
-    for _, g in steps.groupby("step"):
-        t = g["step_s"].to_numpy()
+    for step in np.unique(steps["step"]).tolist():
+        g = steps[steps["step"] == step]
+        t = g["step_s"]
         worst = int(np.argmax(t))
-        slowest.append(int(g["rank"].iloc[worst]))
+        slowest.append(int(g["rank"][worst]))
         others = np.delete(t, worst)
         at_median = max(float(np.median(t)), float(others.max()) if others.size else 0.0)
         hidden = float((g["step_s"] - g["exposed_comm_s"]).max())
         per_step.append((float(t.max()), at_median, hidden))
     arr = np.asarray(per_step)
+    ranks, counts = np.unique(slowest, return_counts=True)
     return {"step_s": float(np.median(arr[:, 0])), "if_slowest_rank_at_median_s": float(np.median(arr[:, 1])),
             "if_comm_fully_overlapped_s": float(np.median(arr[:, 2])),
-            "slowest_rank": int(pd.Series(slowest).mode().iloc[0])}
+            "slowest_rank": int(ranks[np.argmax(counts)])}

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from .._comm import bus_factor
+from .._bus import bus_factor
+from ._table import Table
 
 __all__ = ["collective_timing", "stragglers"]
 
 
-def collective_timing(coll: pd.DataFrame) -> pd.DataFrame:
+def _groups(keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense group index of each row's key, and the number of groups."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    return inverse.reshape(-1), uniq.size
+
+
+def collective_timing(coll: Table) -> Table:
     """Split each collective's duration into waiting for peers and transferring.
 
     A collective cannot finish before its last rank arrives: each rank's ``wait_s`` =
@@ -22,25 +28,30 @@ def collective_timing(coll: pd.DataFrame) -> pd.DataFrame:
     Returns:
         `coll` plus ranks_seen, wait_s, transfer_s, algbw_gbps, busbw_gbps.
     """
-    out = coll.copy()
-    if out.empty:
-        for c in ("ranks_seen", "wait_s", "transfer_s", "algbw_gbps", "busbw_gbps"):
-            out[c] = pd.Series(dtype=float)
-        return out
-    g = out.groupby("match_key")
-    out["ranks_seen"] = g["rank"].transform("nunique")
-    latest = g["start_us"].transform("max")
-    shared = out["ranks_seen"] > 1
-    out["wait_s"] = np.where(shared, (latest - out["start_us"]) / 1e6, np.nan)
-    out["transfer_s"] = np.where(shared, g["dur_us"].transform("min"), out["dur_us"]) / 1e6
-    algbw = out["size_bytes"] / out["transfer_s"].where(out["transfer_s"] > 0) / 1e9
-    factor = [bus_factor(c, int(n) if n == n else 1) for c, n in zip(out["collective"], out["group_size"])]
-    out["algbw_gbps"] = algbw
-    out["busbw_gbps"] = algbw * np.asarray(factor, dtype=float)
-    return out
+    if coll.empty:
+        empty = np.empty(0, dtype=np.float64)
+        return coll.with_columns(ranks_seen=np.empty(0, dtype=np.int64), wait_s=empty, transfer_s=empty,
+                                 algbw_gbps=empty, busbw_gbps=empty)
+    key, n = _groups(coll["match_key"])
+    start, dur = coll["start_us"].astype(np.float64), coll["dur_us"].astype(np.float64)
+    pairs = np.unique(np.stack([key, coll["rank"].astype(np.int64)]), axis=1)
+    ranks_seen = np.bincount(pairs[0], minlength=n)[key]
+    latest = np.full(n, -np.inf)
+    np.maximum.at(latest, key, start)
+    shortest = np.full(n, np.inf)
+    np.fmin.at(shortest, key, dur)
+    shared = ranks_seen > 1
+    wait_s = np.where(shared, (latest[key] - start) / 1e6, np.nan)
+    transfer_s = np.where(shared, shortest[key], dur) / 1e6
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = coll["size_bytes"] / np.where(transfer_s > 0, transfer_s, np.nan) / 1e9
+    factor = np.asarray([bus_factor(c, int(g) if g == g else 1)
+                         for c, g in zip(coll["collective"].tolist(), coll["group_size"].tolist())], dtype=float)
+    return coll.with_columns(ranks_seen=ranks_seen.astype(np.int64), wait_s=wait_s, transfer_s=transfer_s,
+                             algbw_gbps=algbw, busbw_gbps=algbw * factor)
 
 
-def stragglers(coll: pd.DataFrame) -> pd.DataFrame:
+def stragglers(coll: Table) -> Table:
     """Which rank arrives last at collectives seen on two or more ranks, and by how much.
 
     Arrival is the CPU issue time when known (gloo, NCCL launch), else the start.
@@ -51,21 +62,19 @@ def stragglers(coll: pd.DataFrame) -> pd.DataFrame:
     """
     cols = ["rank", "collectives", "times_last", "last_share_pct", "mean_lateness_s", "max_lateness_s"]
     if coll.empty:
-        return pd.DataFrame(columns=cols)
-    # numpy over factorized keys: a handful of pandas groupbys cost more than the rest of
-    # the analysis on a small trace.
-    keys, _ = pd.factorize(coll["match_key"])
-    ranks = coll["rank"].to_numpy()
-    arrive = coll["issue_us"].fillna(coll["start_us"]).to_numpy(dtype=float)
-    seen = np.zeros(keys.max() + 1, dtype=np.int64)
+        return Table(names=cols)
+    keys, n = _groups(coll["match_key"])
+    ranks = coll["rank"].astype(np.int64)
+    issue = coll["issue_us"].astype(np.float64)
+    arrive = np.where(np.isnan(issue), coll["start_us"], issue)
     pairs = np.unique(np.stack([keys, ranks]), axis=1)
-    np.add.at(seen, pairs[0], 1)
+    seen = np.bincount(pairs[0], minlength=n)
     shared = seen[keys] > 1
     if not shared.any():
-        return pd.DataFrame(columns=cols)
+        return Table(names=cols)
     keys, ranks, arrive = keys[shared], ranks[shared], arrive[shared]
-    first = np.full(seen.size, np.inf)
-    last = np.full(seen.size, -np.inf)
+    first = np.full(n, np.inf)
+    last = np.full(n, -np.inf)
     np.minimum.at(first, keys, arrive)
     np.maximum.at(last, keys, arrive)
     lateness_s = (arrive - first[keys]) / 1e6
@@ -73,9 +82,9 @@ def stragglers(coll: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for rank in np.unique(ranks).tolist():
         m = ranks == rank
-        n = int(np.unique(keys[m]).size)
+        n_coll = int(np.unique(keys[m]).size)
         times_last = int(is_last[m].sum())
-        rows.append({"rank": rank, "collectives": n, "times_last": times_last,
-                     "last_share_pct": 100.0 * times_last / n, "mean_lateness_s": float(lateness_s[m].mean()),
+        rows.append({"rank": rank, "collectives": n_coll, "times_last": times_last,
+                     "last_share_pct": 100.0 * times_last / n_coll, "mean_lateness_s": float(lateness_s[m].mean()),
                      "max_lateness_s": float(lateness_s[m].max())})
-    return pd.DataFrame(rows, columns=cols)
+    return Table.from_rows(rows, cols)

@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 
 from ...config import ThresholdsConfig
 from .._bottlenecks import _LAST_SHARE_MIN_PCT, _level
 from .._recommend import _gain
 from .._types import SEVERITIES, Bottleneck, GainRange, Recommendation
+from ._table import Table
 
 if TYPE_CHECKING:  # _analyze calls trace_findings
     from ._analyze import TraceAnalysis
@@ -62,27 +63,38 @@ def trace_findings(analysis: TraceAnalysis, thresholds: ThresholdsConfig | None 
     return bottlenecks, _recommend(bottlenecks)
 
 
-def _per_rank(a: TraceAnalysis) -> pd.DataFrame:
-    """One row per rank: span_s, device, idle causes (s), exposed comm (s, %) and peer_wait_s."""
-    if a.breakdown.empty or a.idle_causes.empty or a.overlap.empty:
-        return pd.DataFrame()
-    df = a.breakdown[["rank", "device", "span_s"]].merge(
-        a.idle_causes.drop(columns="device"), on="rank").merge(
-        a.overlap[["rank", "exposed_comm_s", "exposed_comm_pct"]], on="rank")
-    return df[df["span_s"] > 0].set_index("rank")
+def _per_rank(a: TraceAnalysis) -> Table:
+    """One row per rank (sorted): span_s, device, idle causes (s), exposed comm (s, %) and peer_wait_s."""
+    bd, causes, ov = a.tables["breakdown"], a.tables["idle_causes"], a.tables["overlap"]
+    ranks = np.intersect1d(np.intersect1d(bd["rank"], causes["rank"]), ov["rank"]).astype(np.int64)
+    if ranks.size == 0:
+        return Table()
+
+    def at(t: Table) -> np.ndarray:  # rows of `t` in `ranks` order
+        order = np.argsort(t["rank"], kind="stable")
+        return order[np.searchsorted(t["rank"][order], ranks)]
+
+    i, j, k = at(bd), at(causes), at(ov)
+    cols = {"rank": ranks, "device": bd["device"][i], "span_s": bd["span_s"][i]}
+    cols.update({c: causes[c][j] for c in causes.columns if c not in ("rank", "device")})
+    cols.update({c: ov[c][k] for c in ("exposed_comm_s", "exposed_comm_pct")})
+    df = Table(cols)
+    return df[df["span_s"] > 0]
 
 
-def _span_pct(df: pd.DataFrame, col: str) -> pd.Series:
+def _span_pct(df: Table, col: str) -> np.ndarray:
     return 100.0 * df[col] / df["span_s"]
 
 
-def _by_rank(s: pd.Series, digits: int | None = 2) -> dict[int, float]:
-    return {int(r): (round(float(v), digits) if digits is not None else float(v)) for r, v in s.items()}
+def _by_rank(df: Table, values: np.ndarray, digits: int | None = 2) -> dict[int, float]:
+    return {int(r): (round(float(v), digits) if digits is not None else float(v))
+            for r, v in zip(df["rank"].tolist(), values.tolist())}
 
 
-def _involved(share_by_rank: pd.Series, above: float) -> tuple[int, ...]:
+def _involved(df: Table, share_by_rank: np.ndarray, above: float) -> tuple[int, ...]:
     """Ranks whose own share passes `above`; all ranks when none does alone."""
-    return tuple(int(r) for r, v in share_by_rank.items() if v > above) or tuple(int(r) for r in share_by_rank.index)
+    ranks = df["rank"].tolist()
+    return tuple(int(r) for r, v in zip(ranks, share_by_rank.tolist()) if v > above) or tuple(int(r) for r in ranks)
 
 
 def _saving_pct(summary: dict[str, Any], key: str) -> float | None:
@@ -97,7 +109,7 @@ def _who(device: str | None) -> str:
     return "the GPU" if device == "gpu" else "the main thread" if device == "cpu" else "the device"
 
 
-def _idle(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, cause: str) -> list[_Found]:
+def _idle(a: TraceAnalysis, df: Table, th: ThresholdsConfig, cause: str) -> list[_Found]:
     by_rank = _span_pct(df, f"{cause}_s")
     share = float(by_rank.mean())
     medium = th.comm_high_pct / 2
@@ -108,9 +120,9 @@ def _idle(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, cause: str) 
     of_idle = a.summary.get(f"idle_{cause}_pct")
     evidence: dict[str, Any] = {
         f"{cause}_pct": round(share, 2),
-        f"{cause}_pct_by_rank": _by_rank(by_rank),
-        f"{cause}_s_by_rank": _by_rank(df[f"{cause}_s"], None),
-        "span_s_by_rank": _by_rank(df["span_s"], None),
+        f"{cause}_pct_by_rank": _by_rank(df, by_rank),
+        f"{cause}_s_by_rank": _by_rank(df, df[f"{cause}_s"], None),
+        "span_s_by_rank": _by_rank(df, df["span_s"], None),
         f"idle_{cause}_pct": None if of_idle is None else round(of_idle, 2),
         "idle_pct": None if a.summary.get("idle_pct") is None else round(a.summary["idle_pct"], 2),
         "device": device,
@@ -127,17 +139,17 @@ def _idle(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, cause: str) 
     else:
         what = f"{who} idles {share:.0f} % of the window waiting for the host to launch kernels"
     message = what + (f" ({of_idle:.0f} % of all idle time)" if of_idle is not None else "")
-    ranks = _involved(by_rank, medium)
+    ranks = _involved(df, by_rank, medium)
     return [(Bottleneck(category="computation", severity=severity, ranks=ranks, evidence=evidence,
                         message=message), share)]
 
 
-def _communication(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, *,
+def _communication(a: TraceAnalysis, df: Table, th: ThresholdsConfig, *,
                    straggler_found: bool) -> list[_Found]:
     exposed = df["exposed_comm_pct"]
     # Collective time spent waiting for a late peer is the straggler's cost, not the network's.
-    peer = 100.0 * df[["peer_wait_s", "exposed_comm_s"]].min(axis=1) / df["span_s"]
-    attributable = (exposed - peer).clip(lower=0.0) if straggler_found else exposed
+    peer = 100.0 * np.fmin(df["peer_wait_s"], df["exposed_comm_s"]) / df["span_s"]
+    attributable = np.clip(exposed - peer, 0.0, None) if straggler_found else exposed
     share = float(attributable.mean())
     severity = _level(share, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2)
     if severity is None:
@@ -145,7 +157,7 @@ def _communication(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, *,
     s = a.summary
     evidence: dict[str, Any] = {
         "exposed_comm_pct": round(float(exposed.mean()), 2),
-        "exposed_comm_pct_by_rank": _by_rank(exposed),
+        "exposed_comm_pct_by_rank": _by_rank(df, exposed),
         "attributable_comm_pct": round(share, 2),
         "exposed_comm_s": s.get("exposed_comm_s"),
         "peer_wait_s": s.get("peer_wait_s"),
@@ -162,15 +174,15 @@ def _communication(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig, *,
         message += f" (overlap {evidence['overlap_pct']:.0f} %)"
     if straggler_found:
         message += f"; {share:.1f} % after the time spent waiting for the straggler"
-    ranks = _involved(attributable, th.comm_high_pct / 2)
+    ranks = _involved(df, attributable, th.comm_high_pct / 2)
     return [(Bottleneck(category="communication", severity=severity, ranks=ranks, evidence=evidence,
                         message=message), share)]
 
 
-def _straggler(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig) -> _Found | None:
+def _straggler(a: TraceAnalysis, df: Table, th: ThresholdsConfig) -> _Found | None:
     s = a.summary
     slow, last_share = s.get("straggler_rank"), s.get("straggler_last_share_pct")
-    others = df.drop(index=slow, errors="ignore") if slow is not None else df.iloc[:0]
+    others = df[df["rank"] != slow] if slow is not None else df[:0]
     if slow is None or last_share is None or last_share < _LAST_SHARE_MIN_PCT or others.empty:
         return None
     waiting = _span_pct(others, "peer_wait_s")
@@ -178,7 +190,8 @@ def _straggler(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig) -> _Fou
     if share <= th.straggler_pct:
         return None
     severity = _level(share, critical=3 * th.straggler_pct, high=2 * th.straggler_pct) or "medium"
-    row = a.stragglers.set_index("rank").loc[slow]
+    strag = a.tables["stragglers"]
+    (row,) = strag[strag["rank"] == slow].rows()
     evidence: dict[str, Any] = {
         "straggler_rank": int(slow),
         "last_share_pct": round(float(last_share), 2),
@@ -187,8 +200,8 @@ def _straggler(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig) -> _Fou
         "mean_lateness_s": float(row["mean_lateness_s"]),
         "max_lateness_s": float(row["max_lateness_s"]),
         "peer_wait_pct": round(share, 2),
-        "peer_wait_pct_by_rank": _by_rank(waiting),
-        "peer_wait_s_by_rank": _by_rank(others["peer_wait_s"], None),
+        "peer_wait_pct_by_rank": _by_rank(others, waiting),
+        "peer_wait_s_by_rank": _by_rank(others, others["peer_wait_s"], None),
         "threshold_pct": th.straggler_pct,
         "what_if_slowest_rank": s.get("slowest_rank"),
         "what_if_step_s": s.get("what_if_step_s"),
@@ -198,12 +211,13 @@ def _straggler(a: TraceAnalysis, df: pd.DataFrame, th: ThresholdsConfig) -> _Fou
     message = (f"rank {slow} is a straggler: last to arrive at {last_share:.0f} % of the collectives "
                f"({evidence['times_last']} of {evidence['collectives']}); the other ranks spend {share:.1f} % "
                "of the window waiting for late peers")
-    if slow in df.index:
-        own = float(_span_pct(df.loc[[slow]], "host_wait_s").iloc[0])
+    mine = df[df["rank"] == slow]
+    if len(mine):
+        own = float(_span_pct(mine, "host_wait_s")[0])
         evidence["straggler_host_wait_pct"] = round(own, 2)
         if own > th.comm_high_pct / 2:
             message += (f"; rank {slow}'s main thread is between operators {own:.0f} % of the window"
-                        if df.loc[slow, "device"] == "cpu" else
+                        if mine["device"][0] == "cpu" else
                         f"; rank {slow}'s GPU waits for its host {own:.0f} % of the window")
     return Bottleneck(category="straggler", severity=severity, ranks=(int(slow),), evidence=evidence,
                       message=message), share

@@ -26,10 +26,10 @@ timeline, not idle; `idle_causes` reports it beside the idle split as ``peer_wai
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from . import _intervals as iv
 from ._model import TraceSet
+from ._table import Table
 from ._timeline import COMMUNICATION, COMPUTATION, CommPatterns, Timeline
 
 __all__ = ["IDLE_CAUSES", "idle_causes", "idle_segments"]
@@ -40,11 +40,11 @@ _SYNC, _COMM_WAIT, _HOST_WAIT, _OTHER = range(4)
 
 
 def _host_spans(traces: TraceSet, rank: int, pattern: str) -> tuple[np.ndarray, np.ndarray]:
-    ev = traces.ranks[rank].events
+    ev = traces.ranks[rank].table
     ids = traces.symbols.ids_matching(pattern)
-    rows = ev[(ev["stream"].to_numpy() < 0) & np.isin(ev["name_id"].to_numpy(), ids) & ev["dur_us"].notna().to_numpy()]
-    s = rows["ts_us"].to_numpy()
-    return s, s + rows["dur_us"].to_numpy()
+    rows = (ev["stream"] < 0) & np.isin(ev["name_id"], ids) & ~np.isnan(ev["dur_us"])
+    s = ev["ts_us"][rows]
+    return s, s + ev["dur_us"][rows]
 
 
 def _gap_causes(tl: Timeline, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
@@ -64,8 +64,8 @@ def _gap_causes(tl: Timeline, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
     return np.where(late, _HOST_WAIT, np.where(held, _COMM_WAIT, _OTHER))
 
 
-def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives: pd.DataFrame,
-                  patterns: CommPatterns) -> pd.DataFrame:
+def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives: Table,
+                  patterns: CommPatterns) -> Table:
     """Every idle stretch of every rank, cut where its cause changes.
 
     Args:
@@ -77,7 +77,7 @@ def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives:
     Returns:
         rank, start_us, end_us, dur_us, cause (one of `IDLE_CAUSES`), sorted by rank and start.
     """
-    frames = []
+    parts = []
     for rank, tl in timelines.items():
         lo, hi = tl.window_us
         gs, ge = iv.gaps(tl.start_us, tl.end_us, lo, hi)
@@ -88,9 +88,9 @@ def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives:
         comm = waits
         if tl.device == "cpu" and len(collectives):
             # gloo: a collective issued by the main thread but not yet picked up by its worker.
-            mine = collectives[(collectives["rank"] == rank) & (collectives["issue_us"] < collectives["start_us"])]
-            comm = (np.concatenate([waits[0], mine["issue_us"].to_numpy(dtype=float)]),
-                    np.concatenate([waits[1], mine["start_us"].to_numpy(dtype=float)]))
+            mine = (collectives["rank"] == rank) & (collectives["issue_us"] < collectives["start_us"])
+            comm = (np.concatenate([waits[0], collectives["issue_us"][mine].astype(float)]),
+                    np.concatenate([waits[1], collectives["start_us"][mine].astype(float)]))
         gap_cause = _gap_causes(tl, gs, ge)
         busy = (tl.start_us, tl.end_us)
         by_gap = [(gs[gap_cause == c], ge[gap_cause == c]) for c in (_COMM_WAIT, _HOST_WAIT, _OTHER)]
@@ -98,14 +98,12 @@ def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives:
         a, b, label = iv.paint(lo, hi, [busy, sync, comm, *by_gap])
         keep = label > 0
         cause = np.asarray((None, "sync", "comm_wait", "comm_wait", "host_wait", "other"), dtype=object)[label[keep]]
-        frames.append(pd.DataFrame({"rank": rank, "start_us": a[keep], "end_us": b[keep],
-                                    "dur_us": b[keep] - a[keep], "cause": cause}))
-    if not frames:
-        return pd.DataFrame(columns=SEGMENT_COLUMNS)
-    return pd.concat(frames, ignore_index=True)[SEGMENT_COLUMNS]
+        parts.append(Table({"rank": np.full(cause.size, rank, dtype=np.int64), "start_us": a[keep],
+                            "end_us": b[keep], "dur_us": b[keep] - a[keep], "cause": cause}))
+    return Table.concat(parts, SEGMENT_COLUMNS)
 
 
-def idle_causes(segments: pd.DataFrame, timelines: dict[int, Timeline], collectives: pd.DataFrame) -> pd.DataFrame:
+def idle_causes(segments: Table, timelines: dict[int, Timeline], collectives: Table) -> Table:
     """Per rank: idle time split by cause, and the time collectives waited for peers.
 
     Args:
@@ -121,23 +119,24 @@ def idle_causes(segments: pd.DataFrame, timelines: dict[int, Timeline], collecti
     """
     rows = []
     for rank, tl in timelines.items():
-        mine = segments["rank"].to_numpy() == rank
-        dur = segments["dur_us"].to_numpy(dtype=float)[mine]
-        cause = segments["cause"].to_numpy()[mine]
+        mine = segments["rank"] == rank
+        dur = segments["dur_us"].astype(float)[mine]
+        cause = segments["cause"][mine]
         idle = float(dur.sum())
         row: dict = {"rank": rank, "device": tl.device, "idle_s": idle / 1e6}
         for c in IDLE_CAUSES:
             row[f"{c}_s"] = float(dur[cause == c].sum()) / 1e6
         for c in IDLE_CAUSES:
             row[f"{c}_pct"] = 100.0 * row[f"{c}_s"] / row["idle_s"] if idle > 0 else float("nan")
-        mine = collectives
-        if len(mine):
-            mine = mine[(mine["rank"] == rank) & (mine["wait_s"] > 0)]
-        waiting = (mine["start_us"].to_numpy(dtype=float),
-                   mine["start_us"].to_numpy(dtype=float) + mine["wait_s"].to_numpy(dtype=float) * 1e6)
+        waited = collectives
+        if len(waited):
+            waited = waited[(waited["rank"] == rank) & (waited["wait_s"] > 0)]
+        start = waited["start_us"].astype(float) if "start_us" in waited else np.empty(0)
+        wait = waited["wait_s"].astype(float) if "wait_s" in waited else np.empty(0)
+        waiting = (start, start + wait * 1e6)
         compute = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
         row["peer_wait_s"] = (iv.total(*waiting) - iv.overlap(waiting, compute)) / 1e6
         rows.append(row)
     cols = (["rank", "device", "idle_s"] + [f"{c}_s" for c in IDLE_CAUSES] + [f"{c}_pct" for c in IDLE_CAUSES]
             + ["peer_wait_s"])
-    return pd.DataFrame(rows, columns=cols)
+    return Table.from_rows(rows, cols)

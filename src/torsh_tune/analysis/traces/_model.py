@@ -1,16 +1,22 @@
-"""Loaded traces: one `RankTrace` (event DataFrame + metadata) per rank, in a `TraceSet`."""
+"""Loaded traces: one `RankTrace` (event table + metadata) per rank, in a `TraceSet`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 
 from ...errors import invalid
-from ._parser import parse_trace_file, rank_from_file_name
+from . import _parser
+from ._parser import EVENT_COLUMNS, parse_trace_file, rank_from_file_name
 from ._symbols import SymbolTable
+from ._table import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["RankTrace", "TraceSet", "find_trace_files", "load_traces"]
 
@@ -24,11 +30,12 @@ class RankTrace:
     Attributes:
         rank: global rank (from ``distributedInfo``, else the file name, else file order).
         path: the trace file.
-        events: one row per complete (``X``) or instant (``i``) event, columns
+        table: one row per complete (``X``) or instant (``i``) event, columns
             ``name_id, cat_id, ph, ts_us, dur_us, pid, tid, stream, correlation,
             external_id, device, coll_name_id, in_nelems, out_nelems, group_size,
             coll_seq, dtype_id, pg_name_id, pg_ranks_id, input_numel, input_bytes``;
-            ``*_id`` columns index the TraceSet's `SymbolTable`, -1 means absent.
+            ``*_id`` columns index the TraceSet's `SymbolTable`, -1 means absent; ``ph``
+            is 0 for X, 1 for i. `events` is the same as a DataFrame.
         metadata: the file's top-level keys except ``traceEvents``.
         thread_names: ``(pid, tid) -> name`` from ``thread_name`` metadata events.
         rank_source: where `rank` came from: "distributedInfo", "file name" or "file order".
@@ -36,10 +43,19 @@ class RankTrace:
 
     rank: int
     path: Path
-    events: pd.DataFrame
+    table: Table
     metadata: dict[str, Any]
     thread_names: dict[tuple[int, int], str]
     rank_source: str
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """`table` as a DataFrame (``ph`` categorical X / i); imports pandas on first use."""
+        import pandas as pd
+
+        df = self.table.to_pandas()
+        df["ph"] = pd.Categorical.from_codes(self.table["ph"].astype(np.int8), categories=["X", "i"])
+        return df
 
     @property
     def distributed_info(self) -> dict[str, Any]:
@@ -70,7 +86,7 @@ class TraceSet:
 
     Example:
         >>> ts = load_traces("tests/data/traces/gloo-ddp-2rank")  # doctest: +SKIP
-        >>> sorted(ts.ranks), ts.symbols[int(ts.ranks[0].events.name_id[0])]  # doctest: +SKIP
+        >>> sorted(ts.ranks), ts.symbols[int(ts.ranks[0].table["name_id"][0])]  # doctest: +SKIP
     """
 
     path: Path
@@ -80,6 +96,8 @@ class TraceSet:
 
     def names(self, rank: int) -> pd.Series:
         """Decoded event names of `rank`, aligned with its events (a convenience, not fast)."""
+        import pandas as pd
+
         ev = self.ranks[rank].events
         return pd.Series(self.symbols.decode(ev["name_id"].tolist()), index=ev.index, dtype="string")
 
@@ -126,8 +144,15 @@ def load_traces(path: str | Path, *, chunk_bytes: int | None = None) -> TraceSet
     ranks: dict[int, RankTrace] = {}
     warnings: list[str] = []
     kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    if getattr(_parser, "SCANNER", "c") != "c":
+        warnings.append("the C event scanner is not built (no compiler at install time?): parsed with Python's "
+                        "json, several times slower; reinstall torsh-tune with a C compiler")
     for order, f in enumerate(files):
-        events, meta, threads = parse_trace_file(f, symbols, **kwargs)
+        columns, meta, threads = parse_trace_file(f, symbols, **kwargs)
+        if not isinstance(columns, dict):  # TEMP until the scanner lands
+            columns = {c: (np.where(columns[c].astype(str) == "X", 0, 1).astype(np.int8) if c == "ph"
+                           else columns[c].to_numpy()) for c in EVENT_COLUMNS}
+        events = Table(columns)
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         if "rank" in info:
             rank, source = int(info["rank"]), "distributedInfo"
@@ -139,7 +164,7 @@ def load_traces(path: str | Path, *, chunk_bytes: int | None = None) -> TraceSet
         if rank in ranks:
             raise invalid(f"trace file {f}", "the only trace of its rank",
                           f"a second trace of rank {rank} (first: {ranks[rank].path.name})")
-        ranks[rank] = RankTrace(rank=rank, path=f, events=events, metadata=meta, thread_names=threads,
+        ranks[rank] = RankTrace(rank=rank, path=f, table=events, metadata=meta, thread_names=threads,
                                 rank_source=source)
     return TraceSet(path=Path(path), ranks=dict(sorted(ranks.items())), symbols=symbols,
                     warnings=tuple(warnings))

@@ -10,10 +10,10 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from ._model import RankTrace
 from ._symbols import SymbolTable
+from ._table import Table
 
 __all__ = ["CommPatterns", "Timeline", "rank_timeline", "step_spans"]
 
@@ -66,41 +66,42 @@ class Timeline:
     launch_us: np.ndarray | None = None
 
 
-def step_spans(events: pd.DataFrame, symbols: SymbolTable) -> pd.DataFrame:
+def step_spans(events: Table, symbols: SymbolTable) -> Table:
     """``ProfilerStep#N`` spans: columns step, start_us, end_us (sorted by start)."""
     ids = symbols.ids_matching(r"^ProfilerStep#\d+$")
-    rows = events[events["name_id"].isin(ids) & events["dur_us"].notna()]
-    steps = [int(symbols[i].split("#")[1]) for i in rows["name_id"].tolist()]
-    out = pd.DataFrame({"step": steps, "start_us": rows["ts_us"].to_numpy(),
-                        "end_us": (rows["ts_us"] + rows["dur_us"]).to_numpy()})
-    return out.sort_values("start_us", ignore_index=True)
+    dur = events["dur_us"]
+    rows = np.flatnonzero(np.isin(events["name_id"], ids) & ~np.isnan(dur))
+    steps = np.asarray([int(symbols[i].split("#")[1]) for i in events["name_id"][rows].tolist()], dtype=np.int64)
+    ts = events["ts_us"][rows]
+    return Table({"step": steps, "start_us": ts, "end_us": ts + dur[rows]}).sort("start_us")
 
 
-def _gpu_rows(events: pd.DataFrame, symbols: SymbolTable, exclude_last_step: bool) -> pd.DataFrame:
-    """GPU events (stream >= 0 with a launch correlation), HTA's iteration filter applied.
+def _gpu_rows(events: Table, symbols: SymbolTable, exclude_last_step: bool) -> np.ndarray:
+    """Indices of GPU events (stream >= 0 with a launch correlation), HTA's iteration filter applied.
 
     HTA drops kernels launched at or after the start of the last ProfilerStep (that step
     is usually cut off by the end of the profiling window) when a trace has two or more
     steps; ``exclude_last_step`` does the same so the numbers are comparable.
     """
-    gpu_mask = (events["stream"].to_numpy() >= 0) & (events["correlation"].to_numpy() >= 0)
-    gpu = events[gpu_mask]
-    steps = step_spans(events, symbols)
-    if exclude_last_step and steps["step"].nunique() >= 2:
-        cpu = events[~gpu_mask]
-        launched = cpu.loc[cpu["ts_us"] < steps["start_us"].max(), "correlation"].to_numpy()
-        gpu = gpu[np.isin(gpu["correlation"].to_numpy(), launched[launched >= 0])]
-    return gpu[gpu["dur_us"].notna()]
+    corr = events["correlation"]
+    gpu_mask = (events["stream"] >= 0) & (corr >= 0)
+    keep = gpu_mask & ~np.isnan(events["dur_us"])
+    if exclude_last_step and keep.any():
+        steps = step_spans(events, symbols)
+        if np.unique(steps["step"]).size >= 2:
+            launched = corr[~gpu_mask & (events["ts_us"] < steps["start_us"].max())]
+            keep &= np.isin(corr, launched[launched >= 0])
+    return np.flatnonzero(keep)
 
 
-def _launch_times(events: pd.DataFrame, correlation: np.ndarray) -> np.ndarray:
+def _launch_times(events: Table, correlation: np.ndarray) -> np.ndarray:
     """Start of the host event (cudaLaunchKernel, cudaMemcpyAsync...) sharing each correlation id."""
-    host = events[(events["stream"].to_numpy() < 0) & (events["correlation"].to_numpy() >= 0)]
-    if host.empty:
+    host = (events["stream"] < 0) & (events["correlation"] >= 0)
+    if not host.any():
         return np.full(correlation.size, np.nan)
-    corr = host["correlation"].to_numpy()
+    corr = events["correlation"][host]
     order = np.argsort(corr, kind="stable")
-    corr, ts = corr[order], host["ts_us"].to_numpy()[order]
+    corr, ts = corr[order], events["ts_us"][host][order]
     at = np.minimum(np.searchsorted(corr, correlation), corr.size - 1)
     return np.where(corr[at] == correlation, ts[at], np.nan)
 
@@ -113,57 +114,65 @@ def rank_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     up, end rounded down to whole µs), which shortens every kernel by up to 1 µs; off by
     default because it biases short kernels (see docs in the package README).
     """
-    ev = trace.events
+    ev = trace.table
     gpu = _gpu_rows(ev, symbols, exclude_last_step)
-    if len(gpu):
+    if gpu.size:
         comm_ids = symbols.ids_matching(patterns.nccl_regex())
         mem_ids = symbols.ids_matching(r"Memcpy|Memset")
-        names = gpu["name_id"].to_numpy()
-        kind = np.full(len(gpu), COMPUTATION, dtype=np.int8)
+        names = ev["name_id"][gpu]
+        kind = np.full(gpu.size, COMPUTATION, dtype=np.int8)
         kind[np.isin(names, mem_ids)] = MEMORY
         kind[np.isin(names, comm_ids)] = COMMUNICATION
-        s = gpu["ts_us"].to_numpy()
-        e = s + gpu["dur_us"].to_numpy()
+        s = ev["ts_us"][gpu]
+        e = s + ev["dur_us"][gpu]
         if hta_rounding and np.any(s != np.floor(s)):
             s, e = np.ceil(s), np.floor(e)
         return Timeline(device="gpu", start_us=s, end_us=e, kind=kind, name_id=names,
                         window_us=(float(s.min()), float(e.max())),
-                        launch_us=_launch_times(ev, gpu["correlation"].to_numpy()))
+                        launch_us=_launch_times(ev, ev["correlation"][gpu]))
     return _cpu_timeline(trace, symbols, patterns)
+
+
+def _mode(values: np.ndarray) -> int:
+    """Most frequent value (the smallest of ties, as pandas' mode)."""
+    uniq, counts = np.unique(values, return_counts=True)
+    return int(uniq[np.argmax(counts)])
 
 
 def main_thread(trace: RankTrace, symbols: SymbolTable) -> int:
     """Tid of the training loop: the one with ProfilerStep spans, else tid == pid, else busiest."""
-    ev = trace.events
-    steps = ev[ev["name_id"].isin(symbols.ids_matching(r"^ProfilerStep#\d+$"))]
-    if len(steps):
-        return int(steps["tid"].mode().iloc[0])
-    cpu = ev[(ev["stream"] < 0) & ev["dur_us"].notna()]
-    same = cpu[cpu["tid"] == cpu["pid"]]
-    if len(same):
-        return int(same["tid"].mode().iloc[0])
-    return int(cpu.groupby("tid")["dur_us"].sum().idxmax()) if len(cpu) else -1
+    ev = trace.table
+    steps = np.isin(ev["name_id"], symbols.ids_matching(r"^ProfilerStep#\d+$"))
+    if steps.any():
+        return _mode(ev["tid"][steps])
+    cpu = (ev["stream"] < 0) & ~np.isnan(ev["dur_us"])
+    same = cpu & (ev["tid"] == ev["pid"])
+    if same.any():
+        return _mode(ev["tid"][same])
+    if not cpu.any():
+        return -1
+    tids, inverse = np.unique(ev["tid"][cpu], return_inverse=True)
+    return int(tids[np.argmax(np.bincount(inverse, weights=ev["dur_us"][cpu]))])
 
 
 def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Timeline:
-    ev = trace.events[trace.events["dur_us"].notna()]
+    ev = trace.table
+    timed = ~np.isnan(ev["dur_us"])
     tid = main_thread(trace, symbols)
-    cpu_op = symbols.id_of("cpu_op")
-    c10d_ids = symbols.ids_matching(patterns.c10d_ops)
-    gloo_ids = symbols.ids_matching(patterns.gloo_worker)
-    main = ev[(ev["tid"] == tid) & (ev["cat_id"] == cpu_op)]
-    is_comm_issue = np.isin(main["name_id"].to_numpy(), c10d_ids)
-    worker = ev[np.isin(ev["name_id"].to_numpy(), gloo_ids)]
-    s = np.concatenate([main["ts_us"].to_numpy(), worker["ts_us"].to_numpy()])
-    e = s + np.concatenate([main["dur_us"].to_numpy(), worker["dur_us"].to_numpy()])
+    names_all = ev["name_id"]
+    main = np.flatnonzero(timed & (ev["tid"] == tid) & (ev["cat_id"] == symbols.id_of("cpu_op")))
+    worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
+    is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))
+    rows = np.concatenate([main, worker])
+    s = ev["ts_us"][rows]
+    e = s + ev["dur_us"][rows]
     kind = np.concatenate([np.where(is_comm_issue, COMMUNICATION, COMPUTATION).astype(np.int8),
-                           np.full(len(worker), COMMUNICATION, dtype=np.int8)])
-    names = np.concatenate([main["name_id"].to_numpy(), worker["name_id"].to_numpy()])
-    steps = step_spans(trace.events, symbols)
+                           np.full(worker.size, COMMUNICATION, dtype=np.int8)])
+    steps = step_spans(ev, symbols)
     if len(steps):
         window = (float(steps["start_us"].min()), float(steps["end_us"].max()))
     elif s.size:
         window = (float(s.min()), float(e.max()))
     else:
         window = (0.0, 0.0)
-    return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names, window_us=window)
+    return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names_all[rows], window_us=window)
