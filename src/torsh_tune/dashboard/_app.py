@@ -1,4 +1,4 @@
-"""The Dash app: runs list, live run overview, bottleneck cards, compare view, study tuning view.
+"""The Dash app: runs list, live run overview, bottleneck cards, trace view, compare view, study tuning view.
 
 One page shell (`dcc.Location` + a routing callback) so moving between pages never
 reloads the page; each page's content is filled by its own callbacks, and live pages
@@ -20,20 +20,25 @@ from ..reports._format import fmt_loss_deviation, fmt_samples_s
 from ..reports._info import ALERT_COLUMNS, alert_cells
 from ..reports._tuning_markdown import _params_text, _varying
 from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES
-from ._security import RunNotFound, check_token, install_guard
+from ._security import RunNotFound, check_token, install_guard, not_found_response
 from ._store import RunRow, RunStore, status_class
+from ._traces import TRACE_TABLES, TraceView, TraceWindowNotFound, resolve_window
 from ._views import Kpis, TuningView, get_compare_info, overview_info, plot_compare_breakdown, tuning_view
 
 __all__ = ["PAGE_PATHS", "create_app"]
 
-#: The app's page paths; group "run" is a run id (validated before anything is read).
+#: The app's page paths; group "run" is a run id (validated before anything is read), group
+#: "window" a trace window of that run (validated the same way, `_traces.resolve_window`).
 PAGE_PATHS = (
     re.compile(r"/"),
     re.compile(r"/compare"),
     re.compile(r"/runs/(?P<run>[^/]+)"),
     re.compile(r"/runs/(?P<run>[^/]+)/bottlenecks"),
     re.compile(r"/studies/(?P<run>[^/]+)"),
+    re.compile(r"/runs/(?P<run>[^/]+)/traces"),
+    re.compile(r"/runs/(?P<run>[^/]+)/traces/(?P<window>[^/]+)"),
 )
+_RUN_PAGES = PAGE_PATHS[2:]
 _SORT_KEYS = {
     "started": "started",
     "run": "run",
@@ -82,6 +87,10 @@ border-bottom:1px solid #e5e7eb;font-size:13px;text-align:left;vertical-align:to
 .trials td.num{text-align:right;font-variant-numeric:tabular-nums} tr.trial.state-FAIL td{color:#991b1b}
 tr.trial.state-PRUNED td{color:#6b7280} .verdict{border-left-color:#059669}
 .verdict.unconfirmed{border-left-color:#d97706}
+.windows{flex-wrap:wrap;gap:10px;font-size:14px} .trace-error{color:#991b1b;font-weight:600}
+table.trace{border-collapse:collapse;background:#fff;margin:4px 0 12px} .trace th,.trace td{padding:3px 10px;
+border-bottom:1px solid #e5e7eb;font-size:13px;text-align:left} .trace th{background:#f3f4f6}
+.trace td.num{text-align:right;font-variant-numeric:tabular-nums}
 """
 
 
@@ -126,6 +135,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
     )
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + _CSS + "</style>")
     install_guard(app.server, token=token, page_paths=PAGE_PATHS, runs_dir=runs_dir)
+    _install_window_guard(app.server, store)
     app.torsh_store = store  # for tests and the benchmark: the app's own RunStore
 
     app.layout = html.Div([
@@ -148,7 +158,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
         if path == "/compare":
             q = parse_qs((search or "").lstrip("?"))
             return _compare_page(store, (q.get("a") or [None])[0], (q.get("b") or [None])[0])
-        m = PAGE_PATHS[2].fullmatch(path) or PAGE_PATHS[3].fullmatch(path) or PAGE_PATHS[4].fullmatch(path)
+        m = next((m for p in _RUN_PAGES if (m := p.fullmatch(path)) is not None), None)
         if m is None:
             return _not_found(f"No page at {path!r}.")
         run_id = m.group("run")
@@ -158,11 +168,17 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
             if path.startswith("/studies/"):
                 return _not_found(f"{run_id!r} is a run, not a study: see /runs/{run_id}.")
             status = status_class(store.info(run_id))
+            windows = store.trace_windows(run_id)
         except RunNotFound:
             return _not_found(f"No run named {run_id!r} in the runs directory.")
+        if m.re is PAGE_PATHS[5] or m.re is PAGE_PATHS[6]:
+            window = m.groupdict().get("window") or (windows[0] if windows else None)
+            if window is not None and window not in windows:
+                return _not_found(f"No trace window named {window!r} in run {run_id!r}.")
+            return _traces_page(run_id, status, windows, window, refresh_ms)
         if path.endswith("/bottlenecks"):
-            return _bottlenecks_page(run_id, status, refresh_ms)
-        return _overview_page(run_id, status, refresh_ms)
+            return _bottlenecks_page(run_id, status, refresh_ms, traces=bool(windows))
+        return _overview_page(run_id, status, refresh_ms, traces=bool(windows))
 
     # -- runs list ----------------------------------------------------------------------
 
@@ -236,6 +252,26 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
             return _not_found(f"No run named {run_id!r}."), None, True
         return _cards(analysis), sig, status_class(analysis.info) != "running"
 
+    # -- trace view (one trace window) --------------------------------------------------
+
+    @app.callback(
+        Output("tr-content", "children"), Output("tr-sig", "data"), Output("tr-tick", "disabled"),
+        Input("tr-tick", "n_intervals"), State("tr-run", "data"), State("tr-sig", "data"),
+    )
+    def traces(_n: int | None, ref: Any, last_sig: str | None) -> Any:
+        run_id, window = (ref.get("run"), ref.get("window")) if isinstance(ref, dict) else (None, None)
+        try:
+            view = store.trace_view(run_id, window)  # validates both names; cached until the files change
+            running = status_class(store.info(run_id)) == "running"
+        except RunNotFound:
+            return _not_found(f"No run named {str(run_id)[:200]!r}."), None, True
+        except TraceWindowNotFound:
+            return _not_found(f"No trace window named {str(window)[:200]!r} in run {run_id!r}."), None, True
+        sig = _digest(view.key)
+        if sig == last_sig:
+            raise PreventUpdate
+        return _trace_body(view), sig, not running  # a live run may still be writing this window
+
     # -- compare ------------------------------------------------------------------------
 
     @app.callback(Output("url", "search"), Input("cmp-a", "value"), Input("cmp-b", "value"),
@@ -245,6 +281,26 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
         return "?" + "&".join(parts) if parts else ""
 
     return app
+
+
+def _install_window_guard(server: Any, store: RunStore) -> None:
+    """A trace-window path whose window does not resolve is a real 404 (after `install_guard`'s checks).
+
+    `install_guard` (registered first, so the token is checked first) validates the run id;
+    this validates the window name the same way, before Dash serves the page shell.
+    """
+    from flask import request
+
+    @server.before_request
+    def _window_guard() -> Any:
+        m = PAGE_PATHS[6].fullmatch(request.path)
+        if m is None:
+            return None
+        try:
+            resolve_window(store.path(m.group("run")), m.group("window"))
+        except (RunNotFound, TraceWindowNotFound):
+            return not_found_response(f"No trace window named {m.group('window')!r} in run {m.group('run')!r}.")
+        return None
 
 
 # -- page builders (pure functions of data: no store access except where named) -----------
@@ -336,11 +392,14 @@ def _runs_table(rows: list[RunRow]) -> Any:
     return html.Table(className="runs", id="runs", children=[html.Thead(head), html.Tbody(body)])
 
 
-def _tabs(run_id: str, active: str) -> Any:
+def _tabs(run_id: str, active: str, *, traces: bool = False) -> Any:
+    """The run's tabs; "Trace analysis" only when the run has trace windows."""
     dcc, html = _html()
     links = [("overview", "Overview", f"/runs/{run_id}"),
-             ("bottlenecks", "Bottlenecks & recommendations", f"/runs/{run_id}/bottlenecks"),
-             ("compare", "Compare with…", f"/compare?a={quote(run_id)}")]
+             ("bottlenecks", "Bottlenecks & recommendations", f"/runs/{run_id}/bottlenecks")]
+    if traces:
+        links.append(("traces", "Trace analysis", f"/runs/{run_id}/traces"))
+    links.append(("compare", "Compare with…", f"/compare?a={quote(run_id)}"))
     return html.Div(className="tabs", children=[
         dcc.Link(label, href=href, className="active" if key == active else "", id=f"tab-{key}")
         for key, label, href in links])
@@ -351,12 +410,12 @@ def _title(run_id: str, status: str) -> Any:
     return html.H2([run_id, " ", html.Span(status, id="run-status", className=f"badge status-{status}")])
 
 
-def _overview_page(run_id: str, status: str, refresh_ms: int) -> Any:
+def _overview_page(run_id: str, status: str, refresh_ms: int, *, traces: bool = False) -> Any:
     dcc, html = _html()
     graphs = [dcc.Graph(id=f"fig-{k}", config={"displaylogo": False}) for k in FIGURE_TITLES]
     return html.Div([
         _title(run_id, status),
-        _tabs(run_id, "overview"),
+        _tabs(run_id, "overview", traces=traces),
         html.Div(id="overview-kpis", className="kpis"),
         html.Div(id="overview-alerts", className="alerts"),
         html.Div(id="overview-warnings", className="warnings"),
@@ -513,17 +572,25 @@ def _trials_table(info: Any) -> Any:
     return html.Table(className="trials", id="trials-table", children=[html.Thead(head), html.Tbody(body)])
 
 
-def _bottlenecks_page(run_id: str, status: str, refresh_ms: int) -> Any:
+def _bottlenecks_page(run_id: str, status: str, refresh_ms: int, *, traces: bool = False) -> Any:
     _, html = _html()
-    return html.Div([_title(run_id, status), _tabs(run_id, "bottlenecks"),
+    return html.Div([_title(run_id, status), _tabs(run_id, "bottlenecks", traces=traces),
                      *_live_panel("bn", run_id, "analysing…", refresh_ms)])
 
 
 def _cards(analysis: RunAnalysis) -> Any:
     _, html = _html()
     info = build_report_info(analysis)
-    median = (info.summary or {}).get("median_step_s")
-    bns = sorted(info.bottlenecks, key=lambda b: _SEVERITY_ORDER.get(b.get("severity"), 9))
+    out = _finding_cards(info.bottlenecks, info.recommendations, (info.summary or {}).get("median_step_s"))
+    if info.warnings:
+        out.append(_warnings(info.warnings))
+    return out
+
+
+def _finding_cards(bottlenecks: Any, recommendations: Any, median: float | None) -> list[Any]:
+    """Bottleneck cards (most severe first) and recommendation cards (priority order), from their dicts."""
+    _, html = _html()
+    bns = sorted(bottlenecks, key=lambda b: _SEVERITY_ORDER.get(b.get("severity"), 9))
     out: list[Any] = [html.H3(f"Bottlenecks ({len(bns)})")]
     if not bns:
         out.append(html.P("No bottleneck found in the measured steps.", id="no-bottlenecks"))
@@ -538,7 +605,7 @@ def _cards(analysis: RunAnalysis) -> Any:
             html.Table([html.Tr([html.Td(k), html.Td(fmt_value(k, v))]) for k, v in evidence.items()])
             if evidence else None,
         ]))
-    recs = sorted(info.recommendations, key=lambda r: r.get("priority") or 99)
+    recs = sorted(recommendations, key=lambda r: r.get("priority") or 99)
     out.append(html.H3(f"Recommendations ({len(recs)})"))
     for r in recs:
         gain = r.get("expected_gain") or {}
@@ -552,8 +619,109 @@ def _cards(analysis: RunAnalysis) -> Any:
             html.P(str(r.get("rationale") or "")),
             html.Pre(patch_to_toml(patch), className="patch") if patch else html.I("no config knob: a code change"),
         ]))
-    if info.warnings:
-        out.append(_warnings(info.warnings))
+    return out
+
+
+def _traces_page(run_id: str, status: str, windows: list[str], window: str | None, refresh_ms: int) -> Any:
+    """The trace view: one link per window, the selected window's analysis (filled by its callback)."""
+    dcc, html = _html()
+    head = [_title(run_id, status), _tabs(run_id, "traces", traces=True)]
+    if window is None:
+        return html.Div([*head, html.P(["This run has no trace window: profile with ",
+                                        html.Code("torsh-tune profile --trace-window START:LEN"),
+                                        " to capture Kineto traces of a few steps."], id="no-trace-windows")])
+    links = html.Div(className="tabs windows", id="trace-windows", children=[
+        html.Span("trace windows:")] + [
+        html.Span(dcc.Link(w, href=f"/runs/{run_id}/traces/{w}", className="active" if w == window else ""),
+                  className="window", **{"data-window": w}) for w in windows])
+    return html.Div([
+        *head, links,
+        html.H3(["Trace window ", html.Span(window, id="trace-window")]),
+        html.Div(id="tr-content", children=html.P("analysing the traces…")),
+        dcc.Store(id="tr-run", data={"run": run_id, "window": window}),
+        dcc.Store(id="tr-sig"),
+        dcc.Interval(id="tr-tick", interval=max(refresh_ms, 5000), disabled=False),
+    ])
+
+
+def _cell(col: str, v: Any) -> tuple[str, str]:
+    """(text, class) of one table cell: units from the column name (_s, _us, _pct)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–", "num"
+    if isinstance(v, str):
+        return v, ""
+    if col.endswith("_us"):
+        return fmt_s(float(v) / 1e6), "num"
+    if col.endswith("_pct"):
+        return f"{v:.1f}", "num"
+    return fmt_value(col, v), "num"
+
+
+def _trace_table(name: str, rows: list[dict[str, Any]]) -> Any:
+    _, html = _html()
+    columns = TRACE_TABLES[name]
+    if not rows:
+        return html.P("(none)", id=f"trace-{name}")
+    body = []
+    for r in rows:
+        cells = []
+        for _, col in columns:
+            text, cls = _cell(col, r.get(col))
+            cells.append(html.Td(text, className=cls, title=text if col == "name" else None))
+        body.append(html.Tr(cells, **{"data-rank": str(r.get("rank"))}))
+    return html.Table(className="trace", id=f"trace-{name}", children=[
+        html.Thead(html.Tr([html.Th(label) for label, _ in columns])), html.Tbody(body)])
+
+
+def _trace_body(view: TraceView) -> Any:
+    """One analysed window: headline, findings, timeline, per-rank tables, warnings."""
+    dcc, html = _html()
+    if view.error is not None:
+        return [html.P(view.error, id="trace-error", className="trace-error")]
+    s = view.summary
+
+    def pct(key: str) -> str:
+        v = s.get(key)
+        return "–" if v is None else f"{v:.1f} %"
+
+    kpis = [("backend / device", f"{s.get('backend') or '–'} / {s.get('device') or '–'}", "trace-kpi-backend"),
+            ("ranks", str(s.get("num_ranks", "–")), "trace-kpi-ranks"),
+            ("median step (slowest rank)", fmt_s(view.median_step_s) if view.median_step_s else "–",
+             "trace-kpi-step"),
+            ("idle", pct("idle_pct"), "trace-kpi-idle"),
+            ("comm/compute overlap", pct("overlap_pct"), "trace-kpi-overlap"),
+            ("collectives", str(s.get("num_collectives", "–")), "trace-kpi-collectives"),
+            ("straggler", "–" if s.get("straggler_rank") is None
+             else f"rank {s['straggler_rank']} ({s.get('straggler_last_share_pct') or 0:.0f} % last)",
+             "trace-kpi-straggler")]
+    out: list[Any] = [
+        html.Div(className="kpis", children=[
+            html.Div(className="kpi", children=[html.Div(label, className="label"),
+                                                html.Div(value, className="value", id=i)])
+            for label, value, i in kpis]),
+        html.P("Shares are % of the profiled window (whole ProfilerSteps), averaged over ranks; expected gains "
+               "are % of the window, so of an average profiled step.", className="warnings"),
+        *_finding_cards(view.bottlenecks, view.recommendations, view.median_step_s),
+        html.H3("Timeline of a typical step" + (f" (step {view.step})" if view.step is not None else "")),
+    ]
+    if view.figure is not None:
+        out.append(dcc.Graph(id="fig-trace-timeline", figure=view.figure, config={"displaylogo": False}))
+    else:
+        out.append(html.P("No timeline: the traces hold no events.", id="no-trace-timeline"))
+    out += [
+        html.H3("Per-rank breakdown and overlap (% of the profiled window)"),
+        _trace_table("ranks", view.tables["ranks"]),
+        html.H3("Idle-time causes (% of each rank's idle time)"),
+        _trace_table("idle_causes", view.tables["idle_causes"]),
+        html.P("sync: host blocked on the device; comm wait: waiting on a collective; host wait: the host issued the "
+               "next work late; other: issued in time, started late. Peer wait: collective time spent waiting for "
+               "late peers (busy, not idle).", className="warnings"),
+        html.H3("Stragglers (arrival at collectives)"), _trace_table("stragglers", view.tables["stragglers"]),
+        html.H3("Top kernels / operators"), _trace_table("top_kernels", view.tables["top_kernels"]),
+        html.H3("Profiled steps"), _trace_table("steps", view.tables["steps"]),
+    ]
+    if view.warnings:
+        out.append(_warnings(view.warnings))
     return out
 
 

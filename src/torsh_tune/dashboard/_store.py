@@ -5,8 +5,9 @@ stopped (complete lines only: a line still being written waits for the next refr
 and a run's `RunFrames` are rebuilt only when a file's size or mtime changed. Study
 directories (`torsh-tune tune` and the main job write them into the same runs directory)
 are listed too, as kind "study", and read as a `TuningInfo` that is rebuilt only when the
-study's files change; a study's Optuna storage is opened read-only. Nothing here writes
-into a run or study directory.
+study's files change; a study's Optuna storage is opened read-only. A run's deep-trace
+windows (RUN/traces/<window>/) are analysed on request and cached in memory until their
+files change (`_traces.TraceCache`). Nothing here writes into a run or study directory.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..records import RECORD_KINDS, columns_of
 from ..reports import TuningInfo, get_tuning_info
 from ..rundir import RunDir
 from ._security import RUN_ID_RE, RunNotFound, resolve_run
+from ._traces import TraceCache, TraceView, list_trace_windows, resolve_window
 
 __all__ = ["RunRow", "RunStore", "is_study_dir", "status_class"]
 
@@ -238,6 +240,7 @@ class RunStore:
         self.analysis_every_s = analysis_every_s
         self._runs: dict[str, _RunCache] = {}
         self._lock = threading.Lock()
+        self.traces = TraceCache()  # views of trace windows, in memory only
 
     # -- runs ---------------------------------------------------------------------------
 
@@ -362,6 +365,34 @@ class RunStore:
                 cache.analysis_signature, cache.analysis_at = sig, time.monotonic()
             assert cache.analysis is not None
             return cache.analysis
+
+    # -- deep traces --------------------------------------------------------------------
+
+    def trace_windows(self, run_id: str) -> list[str]:
+        """Names of the run's trace windows (RUN/traces/<window>/), in step order; [] for none.
+
+        Raises:
+            RunNotFound: no such run directory.
+        """
+        return list_trace_windows(self.path(run_id))
+
+    def trace_view(self, run_id: str, window: str) -> TraceView:
+        """The analysed trace window (findings, tables, timeline), cached until its files change.
+
+        A window that cannot be analysed (still being written, truncated) is a view with
+        `error` set, not an exception. The run's `[thresholds]` (config.json) apply.
+
+        Raises:
+            RunNotFound: no such run directory.
+            TraceWindowNotFound: malformed window name, or no such window.
+        """
+        cache = self._cache(run_id)
+        path = resolve_window(cache.path, window)
+        config_path = cache.path / "config.json"
+        with cache.lock:
+            config = self._doc(cache, config_path) or {}
+        return self.traces.view(path, window=window, config=config, config_key=_stat_key(config_path),
+                                run_path=cache.path)
 
     # -- internals ----------------------------------------------------------------------
 
