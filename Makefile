@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test venv browser clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

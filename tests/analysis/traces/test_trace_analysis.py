@@ -18,7 +18,6 @@ from torsh_tune.analysis.traces import (
     normalize_collective,
 )
 from torsh_tune.analysis.traces._intervals import merge, overlap, total
-from torsh_tune.analysis.traces._reader import TraceReader, event_bounds
 from torsh_tune.errors import TorshTuneError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
@@ -146,17 +145,6 @@ def test_top_kernels_sorted_and_named(loaded):
     assert set(tk["kind"]) <= {"computation", "communication", "memory"}
 
 
-def test_plain_json_minified_and_chunked_parse_agree(loaded, tmp_path):
-    """Same events whatever the formatting or chunk size (events straddle chunk edges)."""
-    raw = gzip.open(DATA / "hta-nccl-2rank-rank0" / "rank-0.json.gz").read()
-    (tmp_path / "rank-0.json").write_bytes(json.dumps(json.loads(raw), separators=(",", ":")).encode())
-    ref = loaded["hta-nccl-2rank-rank0"].ranks[0].events
-    for chunk in (1 << 16, 1 << 20):
-        ev = load_traces(tmp_path, chunk_bytes=chunk).ranks[0].events
-        assert len(ev) == len(ref)
-        assert np.allclose(ev["ts_us"], ref["ts_us"]) and (ev["stream"].values == ref["stream"].values).all()
-
-
 def test_rank_from_file_name_when_distributed_info_is_absent(tmp_path):
     for r in (0, 3):
         doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": 'aten::mm "quoted" {x}', "pid": 1,
@@ -169,15 +157,6 @@ def test_rank_from_file_name_when_distributed_info_is_absent(tmp_path):
     a = analyze_traces(ts)
     assert a.breakdown["device"].eq("cpu").all()
     assert a.collectives.empty
-
-
-def test_event_bounds_respect_strings_and_escapes():
-    data = b'{"a": "}{\\\\"}, {"b": "\\"}"}, {"c": [1, {"d": 2}]}]' + b', "x": 1}'
-    starts, ends, close = event_bounds(data)
-    assert len(starts) == len(ends) == 3
-    assert [json.loads(data[s:e + 1]) for s, e in zip(starts, ends)] == [
-        {"a": "}{\\"}, {"b": '"}'}, {"c": [1, {"d": 2}]}]
-    assert data[close:close + 1] == b"]"
 
 
 @pytest.mark.parametrize("case", ["missing", "empty_dir", "not_json", "no_events", "truncated_gzip",
@@ -204,14 +183,6 @@ def test_clear_one_line_errors(tmp_path, case):
         assert "truncated" in msg
 
 
-def test_reader_metadata_keeps_keys_after_trace_events(tmp_path):
-    p = tmp_path / "t.json"
-    p.write_text('{"a": 1, "traceEvents": [], "distributedInfo": {"rank": 5}, "z": [{"k": "]"}]}')
-    reader = TraceReader(p)
-    assert list(reader) == []
-    assert reader.metadata == {"a": 1, "distributedInfo": {"rank": 5}, "z": [{"k": "]"}]}
-
-
 def test_intervals_and_symbols():
     s, e = merge(np.array([5.0, 0.0, 1.0, 10.0]), np.array([6.0, 2.0, 3.0, 11.0]))
     assert s.tolist() == [0.0, 5.0, 10.0] and e.tolist() == [3.0, 6.0, 11.0]
@@ -231,22 +202,3 @@ def test_no_torch_import():
     code = ("import sys, torsh_tune.analysis.traces as t; t.analyze_traces(sys.argv[1]); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code, str(DATA / "gloo-ddp-2rank")], check=True)
-
-
-def test_fast_cut_falls_back_on_false_separators(tmp_path):
-    """`}, {` inside a string or between nested objects must not split an event."""
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": float(i), "dur": 0.5,
-               "args": {"External id": i}} for i in range(300)]
-    events[100]["name"] = 'tricky "}, {" name'
-    events[200]["args"]["nested"] = [{"a": 1}, {"b": [2, {"c": 3}]}]
-    events[250]["pid"] = "Spans"  # a string pid far from the end of the file
-    p = tmp_path / "rank-0.json"
-    p.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0}, {"id": 1}]}, indent=1))
-    fast = load_traces(p, chunk_bytes=4096).ranks[0].events
-    assert len(fast) == 300
-    assert fast["ts_us"].tolist() == [float(i) for i in range(300)]
-    assert fast["external_id"].tolist() == list(range(300))
-    assert fast.loc[250, "pid"] == -1 and fast.loc[249, "pid"] == 1
-    exact = TraceReader(p, chunk_bytes=4096)
-    spans = [(int(s), int(e)) for c in exact for s, e in zip(c.starts, c.ends)]
-    assert len(spans) == 300 and exact.metadata == {"deviceProperties": [{"id": 0}, {"id": 1}]}

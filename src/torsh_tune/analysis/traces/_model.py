@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import invalid
 from . import _parser
-from ._parser import EVENT_COLUMNS, parse_trace_file, rank_from_file_name
+from ._parser import parse_trace_file, rank_from_file_name
 from ._symbols import SymbolTable
 from ._table import Table
 
@@ -144,14 +144,11 @@ def load_traces(path: str | Path, *, chunk_bytes: int | None = None) -> TraceSet
     ranks: dict[int, RankTrace] = {}
     warnings: list[str] = []
     kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-    if getattr(_parser, "SCANNER", "c") != "c":
+    if _parser.SCANNER != "c":
         warnings.append("the C event scanner is not built (no compiler at install time?): parsed with Python's "
                         "json, several times slower; reinstall torsh-tune with a C compiler")
     for order, f in enumerate(files):
         columns, meta, threads = parse_trace_file(f, symbols, **kwargs)
-        if not isinstance(columns, dict):  # TEMP until the scanner lands
-            columns = {c: (np.where(columns[c].astype(str) == "X", 0, 1).astype(np.int8) if c == "ph"
-                           else columns[c].to_numpy()) for c in EVENT_COLUMNS}
         events = Table(columns)
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         if "rank" in info:

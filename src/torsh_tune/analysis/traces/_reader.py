@@ -1,17 +1,12 @@
-"""Streaming byte-level reader of Kineto JSON: yields buffers of whole trace events.
+"""Streaming reader of Kineto (Chrome trace) JSON: decompressed blocks into an event scanner.
 
-A Kineto trace is one JSON object whose ``traceEvents`` array holds every event. Instead
-of ``json.load`` (one Python dict per event, ~1 KB each), the file is decompressed in
-blocks and cut into chunks of whole events that a columnar JSON reader parses.
-
-Two ways to find the events of a chunk:
-
-- fast (`separator_candidates`): every ``}`` ws ``,`` ws ``{`` is taken for the comma
-  between two events. One byte compare over the chunk plus work on the few ``{``
-  positions. A false candidate (inside a string, or between objects nested in an event)
-  always leaves the parser an unterminated string or unbalanced brackets, so the parse
-  fails and the chunk is redone exactly: the guess never changes a result.
-- exact (`event_bounds`): a structural scan that tracks strings and nesting depth.
+A Kineto trace is one JSON object whose ``traceEvents`` array holds every event. Instead of
+``json.load`` (one Python dict per event, ~1 KB each), the file is decompressed in blocks
+and the bytes of the array are fed to a scanner in chunks of about `CHUNK_BYTES`: the C
+extension ``_scan.Scanner`` or its pure-Python twin `PyScanner` (same interface, same
+results). A scanner takes every complete event of a chunk into columns and says how many
+bytes it consumed; the incomplete tail is carried over to the next chunk, so peak memory is
+about one chunk plus the columns.
 
 The other top-level keys (``distributedInfo``, ``deviceProperties``...) are small and are
 decoded with ``json`` at the end.
@@ -20,43 +15,35 @@ decoded with ``json`` at the end.
 from __future__ import annotations
 
 import json
+import math
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
 from ...errors import invalid
 
-__all__ = ["EventChunk", "TraceReader", "event_bounds", "separator_candidates"]
+__all__ = ["CHUNK_BYTES", "PyScanner", "TraceReader", "event_bounds"]
 
-T = TypeVar("T")
-
-_READ_BYTES = 4 << 20
-# Decompressed bytes gathered before a chunk is scanned and parsed; bounds peak memory.
-CHUNK_BYTES = 8 << 20
+# Largest decompressed block; a gzip file is read _READ_BYTES >> 3 compressed bytes at a time.
+_READ_BYTES = 1 << 20
+# Bytes handed to the scanner per call (plus at most one block); bounds peak memory.
+CHUNK_BYTES = 1 << 20
 # A JSON document whose traceEvents key is not found in this many bytes is not a trace.
 _MAX_HEADER_BYTES = 256 << 20
 _WS = b" \t\r\n"
 
 
-class EventChunk:
-    """`data[starts[i] : ends[i] + 1]` is the JSON text of event i.
+class EventScanner(Protocol):
+    """What `TraceReader.scan` drives (``_scan.Scanner`` and `PyScanner`)."""
 
-    ``exact`` chunks come from `event_bounds` (ends are the ``}``); the others from
-    `separator_candidates`: an event's span may carry surrounding whitespace, and a
-    parser must raise ValueError when a span is not one JSON object (see module doc).
-    """
+    def feed(self, buf: bytes | bytearray, base: int = 0) -> tuple[int, int, list[tuple[int, Any]]]: ...
 
-    __slots__ = ("data", "starts", "ends", "exact")
-
-    def __init__(self, data: bytes, starts: np.ndarray, ends: np.ndarray, *, exact: bool = True) -> None:
-        self.data = data
-        self.starts = starts
-        self.ends = ends
-        self.exact = exact
+    def finish(self) -> tuple[dict[str, Any], list[str], list[tuple[int, int, int]]]: ...
 
 
 def _structure(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -92,8 +79,10 @@ def event_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
     """Start/end offsets of the complete events in `data` and where the array closes.
 
     `data` begins inside the ``traceEvents`` array, outside any event. Returns
-    ``(starts, ends, close)`` where ``close`` is the offset of the array's ``]`` or -1
-    when the array continues past `data`; a trailing incomplete event is left out.
+    ``(starts, ends, close)`` where ``close`` is the offset of the first bracket that closes
+    more than it opened (the array's ``]`` in valid JSON) or -1 when the array continues
+    past `data`; a trailing incomplete event is left out. Only brackets are looked at: the
+    text between them is not validated.
     """
     pos, sign = _structure(data)
     depth = np.cumsum(sign, dtype=np.int64)
@@ -108,41 +97,193 @@ def event_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray, int]:
     return starts[: ends.size], ends, close
 
 
+# --------------------------------------------------------------------------- Python scanner
+
+# Columns a scanner returns, with their `array`/numpy type codes (the C module's COLUMNS).
+SCAN_COLUMNS = (
+    ("name_id", "i"), ("cat_id", "i"), ("ph", "b"), ("ts_us", "d"), ("dur_us", "d"), ("pid", "q"),
+    ("tid", "q"), ("stream", "i"), ("correlation", "q"), ("external_id", "q"), ("device", "i"),
+    ("coll_name_id", "i"), ("in_nelems", "q"), ("out_nelems", "q"), ("group_size", "i"),
+    ("coll_seq", "q"), ("dtype_id", "i"), ("pg_name_id", "i"), ("pg_ranks_id", "i"),
+)
+# args key -> (column, is int32); the string args; args "name" only names threads.
+_INT_ARG_COLUMNS = (
+    ("External id", "external_id", False), ("correlation", "correlation", False),
+    ("stream", "stream", True), ("device", "device", True), ("In msg nelems", "in_nelems", False),
+    ("Out msg nelems", "out_nelems", False), ("Group size", "group_size", True), ("Seq", "coll_seq", False),
+)
+_STR_ARG_COLUMNS = (
+    ("Collective name", "coll_name_id"), ("dtype", "dtype_id"), ("Process Group Name", "pg_name_id"),
+    ("Process Group Ranks", "pg_ranks_id"),
+)
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_I64 = (-(1 << 63), 1 << 63)
+_I32 = (-(1 << 31), 1 << 31)
+
+
+def _number(v: Any) -> Any:
+    """A JSON number given as a string, as json would decode it; other values unchanged."""
+    if type(v) is str:
+        m = _NUMBER.fullmatch(v)
+        if m is None:
+            return None
+        return float(v) if m.group(1) or m.group(2) else int(v)
+    return v
+
+
+def _as_int(v: Any, bounds: tuple[int, int] = _I64) -> int:
+    """Integer field: ints, truncated finite floats, numeric strings; -1 otherwise or out of range."""
+    v = _number(v)
+    if type(v) is float:
+        if not math.isfinite(v):
+            return -1
+        v = int(v)
+    elif type(v) is not int:  # bool, None, containers
+        return -1
+    return v if bounds[0] <= v < bounds[1] else -1
+
+
+def _as_float(v: Any) -> float:
+    """Float field: numbers and numeric strings (correctly rounded), NaN otherwise."""
+    v = _number(v)
+    if type(v) is float:
+        return v
+    if type(v) is int:
+        try:
+            return float(v)
+        except OverflowError:
+            return math.inf if v > 0 else -math.inf
+    return math.nan
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODE = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
+class PyScanner:
+    """Pure-Python fallback of ``_scan.Scanner`` (stdlib ``json``; several times slower).
+
+    Same interface and results as the C scanner: see ``_scan.c`` for the field rules.
+    `event_bounds` finds the complete events of a chunk, ``json`` decodes them all at once.
+    """
+
+    def __init__(self, detail_prefixes: Iterable[str] = ()) -> None:
+        self._prefixes = tuple(detail_prefixes)
+        self._cols = {name: array(code) for name, code in SCAN_COLUMNS}
+        self._ids: dict[str, int] = {}
+        self._detail: list[bool] = []
+        self._threads: list[tuple[int, int, int]] = []
+        self._after = False  # an event was taken: the next one needs a comma first
+        self._closed = False
+        self._rows = 0
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def _sid(self, v: Any) -> int:
+        if type(v) is not str:
+            return -1
+        sid = self._ids.get(v)
+        if sid is None:
+            sid = self._ids[v] = len(self._ids)
+            self._detail.append(v.startswith(self._prefixes))
+        return sid
+
+    def feed(self, buf: bytes | bytearray, base: int = 0) -> tuple[int, int, list[tuple[int, Any]]]:
+        """See ``_scan.Scanner.feed``; details come back as decoded dicts."""
+        if self._closed:
+            raise RuntimeError("the traceEvents array is already closed")
+        data = bytes(buf)
+        starts, ends, close = event_bounds(data)
+        if close >= 0:
+            if data[close] != 0x5D:  # a '}' that closes nothing
+                raise ValueError(f"malformed JSON at byte {base + close}: expected ',' or ']'")
+            stop = close
+        elif ends.size:
+            stop = int(ends[-1]) + 1
+        else:
+            return 0, -1, []
+        lo = 0
+        if self._after:
+            lo = len(data[:stop]) - len(data[:stop].lstrip(_WS))
+            if lo < stop:
+                if data[lo] != 0x2C:
+                    raise ValueError(f"malformed JSON at byte {base + lo}: expected ',' or ']' after an event")
+                lo += 1
+                if not data[lo:stop].strip(_WS):  # "[..., ]"
+                    raise ValueError(f"malformed JSON at byte {base + stop}: expected an event object")
+        events = self._decode(data, lo, stop, base)
+        details = self._take(events, base + lo)
+        if events:
+            self._after = True
+        if close >= 0:
+            self._closed = True
+            return close + 1, close, details
+        return stop, -1, details
+
+    @staticmethod
+    def _decode(data: bytes, lo: int, hi: int, base: int) -> list[Any]:
+        try:
+            text = data[lo:hi].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"malformed JSON at byte {base + lo + exc.start}: invalid UTF-8") from None
+        try:
+            return _DECODE("[" + text + "]")
+        except json.JSONDecodeError as exc:
+            at = len(text[: min(max(exc.pos - 1, 0), len(text))].encode("utf-8", "surrogatepass"))
+            raise ValueError(f"malformed JSON at byte {base + lo + at}: {exc.msg}") from None
+        except RecursionError:
+            raise ValueError(f"malformed JSON after byte {base + lo}: nesting too deep") from None
+        except ValueError as exc:  # NaN/Infinity
+            raise ValueError(f"malformed JSON after byte {base + lo}: {exc}") from None
+
+    def _take(self, events: list[Any], at: int) -> list[tuple[int, Any]]:
+        cols = self._cols
+        details: list[tuple[int, Any]] = []
+        sid = self._sid
+        for ev in events:
+            if type(ev) is not dict:
+                raise ValueError(f"malformed JSON after byte {at}: expected an event object")
+            ph = ev.get("ph")
+            args = ev.get("args")
+            if type(args) is not dict:
+                args = {}
+            if ph == "M":
+                if ev.get("name") == "thread_name" and type(args.get("name")) is str:
+                    self._threads.append((_as_int(ev.get("pid")), _as_int(ev.get("tid")), sid(args["name"])))
+                continue
+            if ph != "X" and ph != "i":
+                continue
+            name = sid(ev.get("name"))
+            cols["name_id"].append(name)
+            cols["cat_id"].append(sid(ev.get("cat")))
+            cols["ph"].append(0 if ph == "X" else 1)
+            cols["ts_us"].append(_as_float(ev.get("ts")))
+            cols["dur_us"].append(_as_float(ev.get("dur")))
+            cols["pid"].append(_as_int(ev.get("pid")))
+            cols["tid"].append(_as_int(ev.get("tid")))
+            for key, col, small in _INT_ARG_COLUMNS:
+                cols[col].append(_as_int(args.get(key), _I32 if small else _I64))
+            for key, col in _STR_ARG_COLUMNS:
+                cols[col].append(sid(args.get(key)))
+            if name >= 0 and self._detail[name]:
+                details.append((self._rows, ev))
+            self._rows += 1
+        return details
+
+    def finish(self) -> tuple[dict[str, array], list[str], list[tuple[int, int, int]]]:
+        """See ``_scan.Scanner.finish``."""
+        return self._cols, list(self._ids), self._threads
+
+
+# --------------------------------------------------------------------------- reader
+
 _LEADING_WS = re.compile(rb"[ \t\r\n]*")
 _COLON_VALUE = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*(\[)?")
-_IS_WS = np.zeros(256, dtype=bool)
-_IS_WS[list(_WS)] = True
-# Longest whitespace run skipped between two events; a longer one only costs the fast path.
-_MAX_GAP = 64
-
-
-def _skip_ws_back(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """For each position, the nearest position at or before it that is not whitespace (-1: none)."""
-    pos = pos.copy()
-    for _ in range(_MAX_GAP):
-        ws = pos >= 0
-        ws[ws] = _IS_WS[a[pos[ws]]]
-        if not ws.any():
-            break
-        pos[ws] -= 1
-    return pos
-
-
-def separator_candidates(data: bytes) -> np.ndarray:
-    """Offsets of each ``,`` that has ``}`` before and ``{`` after it, whitespace aside.
-
-    Between two events of the traceEvents array there is always such a comma; inside
-    strings or nested values there may be more (see module doc).
-    """
-    a = np.frombuffer(data, dtype=np.uint8)
-    opens = np.flatnonzero(a == 123)
-    comma = _skip_ws_back(a, opens - 1)
-    comma = comma[comma >= 0]
-    comma = comma[a[comma] == 44]
-    close = _skip_ws_back(a, comma - 1)
-    ok = close >= 0
-    ok[ok] = a[close[ok]] == 125
-    return comma[ok]
 
 
 def _top_level_key(header: bytes, key: bytes) -> int:
@@ -153,7 +294,7 @@ def _top_level_key(header: bytes, key: bytes) -> int:
         scan = prefix.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in prefix else prefix
         _, sign = _structure(prefix)
         if scan.count(b'"') % 2 == 0 and int(sign.sum()) == 1:
-            # A match, not a slice: the header may be a whole 4 MB block.
+            # A match, not a slice: the header may be a whole block.
             m = _COLON_VALUE.match(header, at + len(key))
             if m is not None and m.group(1):
                 return m.end()
@@ -163,46 +304,19 @@ def _top_level_key(header: bytes, key: bytes) -> int:
     return -1
 
 
-def _fast_cut(carry: bytes, exhausted: bool) -> tuple[EventChunk, int, int] | None:
-    """The leading events of `carry` cut at separator candidates, or None (cut exactly).
-
-    Returns ``(chunk, rest, close)``: the next chunk starts at ``carry[rest:]``; ``close``
-    is the offset of the array's ``]`` when the chunk holds the last event, else -1.
-    """
-    seps = separator_candidates(carry)
-    close = -1
-    if exhausted:
-        # The last event and the array's end: an exact scan of the short tail.
-        tail_at = int(seps[-1]) + 1 if seps.size else 0
-        _, tail_ends, tail_close = event_bounds(carry[tail_at:])
-        if tail_close == -1 or tail_ends.size != 1:
-            return None
-        last_end = tail_at + int(tail_ends[0])
-        close = tail_at + tail_close
-        inner = seps
-        rest = last_end + 1
-    else:
-        if seps.size == 0:
-            return None
-        inner, last_end = seps[:-1], int(seps[-1]) - 1
-        rest = int(seps[-1]) + 1
-    starts = np.concatenate(([0], inner + 1))
-    ends = np.concatenate((inner - 1, [last_end]))
-    return EventChunk(carry, starts, ends, exact=False), rest, close
-
-
 class TraceReader:
-    """Iterates a Kineto trace file (``.json`` or ``.json.gz``) as `EventChunk`s.
+    """Feeds the events of a Kineto trace file (``.json`` or ``.json.gz``) to a scanner.
 
-    After iteration, `metadata` holds every top-level key except ``traceEvents``.
+    After `scan`, `metadata` holds every top-level key except ``traceEvents``.
 
     Raises:
-        ConfigError: the file is not gzip/JSON, is truncated, or has no traceEvents array.
+        ConfigError: the file is not gzip/JSON, is truncated or corrupt, has no
+            traceEvents array or malformed JSON in it (one line, with the byte offset).
     """
 
     def __init__(self, path: Path, *, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.path = Path(path)
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = max(int(chunk_bytes), 1)
         self.metadata: dict[str, Any] = {}
 
     def _blocks(self) -> Iterator[bytes]:
@@ -233,18 +347,8 @@ class TraceReader:
             if not dec.eof:
                 raise invalid(f"trace file {self.path}", "a complete gzip file", "a truncated one")
 
-    def __iter__(self) -> Iterator[EventChunk]:
-        """The file's events as exact chunks (`read` is the fast way)."""
-        return self.read(lambda chunk: chunk, fast=False)
-
-    def read(self, parse: Callable[[EventChunk], T], *, fast: bool = True) -> Iterator[T]:
-        """``parse(chunk)`` for each chunk of whole events, in file order.
-
-        With ``fast``, chunks are cut at `separator_candidates`; when `parse` raises
-        ValueError on such a chunk, the same bytes are cut exactly and parsed again, and
-        the rest of the file is read exactly. After iteration `metadata` is set.
-        """
-        blocks = self._blocks()
+    def _header(self, blocks: Iterator[bytes]) -> tuple[bytes, bytes]:
+        """(text before the traceEvents ``[``, the bytes read after it)."""
         header = b""
         start = -1
         for block in blocks:
@@ -253,69 +357,70 @@ class TraceReader:
             if header[lead:lead + 1] not in (b"{", b""):
                 raise self._not_a_trace("it does not start with a JSON object")
             start = _top_level_key(header, b'"traceEvents"')
-            if start != -1:
-                break
-            if len(header) > _MAX_HEADER_BYTES:
+            if start != -1 or len(header) > _MAX_HEADER_BYTES:
                 break
         if start == -1:
             raise self._not_a_trace("no top-level traceEvents array")
-        prefix, carry = header[: start - 1], header[start:]
-        del header
-        trailer = b""
-        closed = False
+        return header[: start - 1], header[start:]
+
+    def scan(self, scanner: EventScanner) -> list[tuple[int, Any]]:
+        """Feed the traceEvents array to `scanner`, set `metadata`.
+
+        Returns:
+            The ``(row, event)`` details the scanner reported, in file order.
+        """
+        blocks = self._blocks()
+        prefix, rest = self._header(blocks)
+        buf = bytearray(rest)
+        del rest
+        base = len(prefix) + 1  # offset of buf[0] in the (decompressed) file
+        details: list[tuple[int, Any]] = []
+        want = self.chunk_bytes
         exhausted = False
-        while not closed:
-            if len(carry) < self.chunk_bytes and not exhausted:
-                parts = [carry]
-                size = len(carry)
-                for block in blocks:
-                    parts.append(block)
-                    size += len(block)
-                    if size >= self.chunk_bytes:
-                        break
-                else:
+        while True:
+            while len(buf) < want and not exhausted:
+                block = next(blocks, None)
+                if block is None:
                     exhausted = True
-                carry = b"".join(parts)
-                del parts
-            cut = _fast_cut(carry, exhausted) if fast else None
-            if cut is not None:
-                chunk, rest, close = cut
-                try:
-                    result = parse(chunk)
-                except ValueError:
-                    fast = False  # a false separator: this trace is read exactly from here on
                 else:
-                    yield result
-                    if close != -1:
-                        closed, trailer = True, carry[close + 1:]
-                    else:
-                        carry = carry[rest:]
-                    continue
-            starts, ends, close = event_bounds(carry)
-            if ends.size:
-                yield parse(EventChunk(carry, starts, ends))
-            if close != -1:
-                closed = True
-                trailer = carry[close + 1:]
-            elif exhausted:
+                    buf += block
+            try:
+                consumed, close, found = scanner.feed(buf, base)
+            except ValueError as exc:
+                raise invalid(f"trace file {self.path}", "valid JSON", str(exc)) from None
+            details += found
+            if close >= 0:
+                trailer = bytes(buf[close + 1:])
+                break
+            if exhausted:
                 raise invalid(f"trace file {self.path}", "complete JSON", "a file that ends inside traceEvents")
-            else:
-                carry = carry[int(ends[-1]) + 1:] if ends.size else carry
+            if consumed:
+                del buf[:consumed]
+                base += consumed
+                want = self.chunk_bytes
+            else:  # an event longer than the chunk: read on, doubling, until it is whole
+                want = max(want, 2 * len(buf))
+        del buf
         trailer += b"".join(blocks)
         self.metadata = self._metadata(prefix, trailer)
+        return details
 
     def _metadata(self, prefix: bytes, trailer: bytes) -> dict[str, Any]:
         """Decode the top-level object without its traceEvents value."""
         # prefix ends with `"traceEvents":` -> drop the key; trailer starts after `]`.
         head = prefix[: prefix.rfind(b'"traceEvents"')].rstrip(_WS)
-        if head.endswith(b","):
-            head = head[:-1]
         tail = trailer.lstrip(_WS)
-        if tail.startswith(b","):
+        comma_before, comma_after = head.endswith(b","), tail.startswith(b",")
+        if comma_before:
+            head = head[:-1].rstrip(_WS)
+        if comma_after:
             tail = tail[1:].lstrip(_WS)
-        sep = b"" if head.endswith(b"{") or tail.startswith(b"}") else b","
+        first, last = head.endswith(b"{"), tail.startswith(b"}")  # traceEvents is the first/last key
+        if comma_before == first or comma_after == last:
+            why = "a comma before traceEvents" if comma_before == first else "a comma after traceEvents' array"
+            raise invalid(f"trace file {self.path}", "complete JSON", f"a broken top-level object ({why})")
         try:
-            meta = json.loads(head + sep + tail)
+            meta = json.loads(head + (b"" if first or last else b",") + tail)
         except ValueError as exc:
             raise invalid(f"trace file {self.path}", "complete JSON", f"a broken top-level object ({exc})") from None
         if not isinstance(meta, dict):
