@@ -6,6 +6,7 @@ Writes OUT.rank{r}.json with the final parameter checksums of:
   scaled - lr_scaling=linear, lr_warmup_steps=2, max_grad_norm=0.5 (learning rates seen each step)
 """
 
+import gc
 import json
 import sys
 
@@ -70,4 +71,10 @@ results["world"] = dist.get_world_size() if dist.is_initialized() else 1
 with open(f"{out}.rank{rank}.json", "w") as f:
     json.dump(results, f)
 if dist.is_initialized():
+    # Free the three DDP models (their reducers hold the gloo group) while no collective is in
+    # flight, as examples/api_strategies.py does: torch 2.13 otherwise aborts or hangs at exit
+    # now and then ("terminate called without an active exception").
+    dist.barrier()
+    del m, opt, opt2
+    gc.collect()
     dist.destroy_process_group()
