@@ -17,6 +17,11 @@ Timed work: for torsh-tune, `load_traces` + the full `analyze_traces`; for HTA,
 breakdown (HTA computes less than we do). `--scale K` adds a trace built at run time from
 hta-16rank-rank0 repeated K times with shifted timestamps, step numbers and ids (written
 to a temporary directory, deleted afterwards), where the import floor no longer dominates.
+Parity: ``max_metric_delta_pp`` is the largest gap (percentage points) between our and HTA's
+temporal-breakdown and overlap figures; ``max_idle_stream_delta_pp`` the largest between
+the per-CUDA-stream idle shares (host wait / kernel wait / other; ours: `idle_by_stream`,
+HTA's from ``get_idle_time_breakdown``'s µs, not its 2-decimal ratios) over the streams both
+report, which are also printed per stream.
 
 HolisticTraceAnalysis is never a dependency of torsh-tune; for `--hta` make a separate venv:
 ``python3 -m venv ~/.cache/torsh-tune-bench/hta-venv &&
@@ -63,7 +68,9 @@ print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "cpu_s": cpu, "rss_
   "child_rss_mb": child_rss_mb(), "import_rss_mb": import_rss, "events": int(sum(len(r.table) for r in ts.ranks.values())),
   "scanner": getattr(__import__("torsh_tune.analysis.traces._parser", fromlist=["x"]), "SCANNER", "arrow"),
   "metrics": {str(r["rank"]): [r["idle_pct"], r["compute_pct"], r["non_compute_pct"]] for r in a.tables["breakdown"].rows()},
-  "overlap": {str(r["rank"]): r["overlap_pct"] for r in a.tables["overlap"].rows()}}))
+  "overlap": {str(r["rank"]): r["overlap_pct"] for r in a.tables["overlap"].rows()},
+  "idle_streams": {f"{r['rank']}:{r['stream']}": [r[c] * 1e6 for c in ("host_wait_s", "kernel_wait_s", "other_s")]
+                   for r in a.tables["idle_streams"].rows()}}))
 """
 
 _HTA = _PRELUDE + r"""
@@ -82,7 +89,9 @@ t2 = time.perf_counter()
 print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "cpu_s": cpu_s() - c0, "rss_mb": rss_mb(),
   "child_rss_mb": child_rss_mb(), "import_rss_mb": import_rss,
   "metrics": {str(int(r["rank"])): [r["idle_time_pctg"], r["compute_time_pctg"], r["non_compute_time_pctg"]] for _, r in tb.iterrows()},
-  "overlap": {str(int(r["rank"])): r["comp_comm_overlap_pctg"] for _, r in ov.iterrows()}}))
+  "overlap": {str(int(r["rank"])): r["comp_comm_overlap_pctg"] for _, r in ov.iterrows()},
+  "idle_streams": {k: [float(g.loc[g.idle_category == c, "idle_time"].sum()) for c in ("host_wait", "kernel_wait", "other")]
+                   for k, g in ib[0].groupby(ib[0]["rank"].astype(int).astype(str) + ":" + ib[0]["stream"].astype(int).astype(str))}}))
 """
 
 
@@ -184,6 +193,12 @@ def _fmt(s: dict) -> str:
     return f"{s['median']} ({s['min']}-{s['max']})"
 
 
+def _shares(us: list[float]) -> list[float] | None:
+    """host_wait / kernel_wait / other µs -> % of their sum (None for a stream that never idled)."""
+    total = sum(us)
+    return [round(100 * u / total, 3) for u in us] if total > 0 else None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dirs", nargs="*", type=Path, default=DEFAULT_DIRS)
@@ -213,8 +228,11 @@ def main(argv: list[str] | None = None) -> None:
                 tree[d.name].append(_run(args.hta, _HTA, str(d), sample_tree=True)["tree_pss_mb"])
         json_mb = {d.name: sum(_json_bytes(f) for f in sorted(d.glob("*.json*"))) / 1e6 for d in dirs}
     rows = []
+    idle_streams: dict[str, dict[str, dict]] = {}
     for d in dirs:
         ours = runs[d.name]["ours"]
+        # Per-stream idle split (% host_wait / kernel_wait / other), HTA's get_idle_time_breakdown.
+        idle_streams[d.name] = {k: {"ours": _shares(v)} for k, v in ours[0]["idle_streams"].items()}
         row = {"trace": d.name, "events": ours[0]["events"], "json_mb": round(json_mb[d.name], 1),
                "ours_s": _spread([r["total_s"] for r in ours]), "ours_parse_s": _spread([r["parse_s"] for r in ours]),
                "ours_cpu_s": _spread([r["cpu_s"] for r in ours]),
@@ -227,6 +245,10 @@ def main(argv: list[str] | None = None) -> None:
             hta_peak = [max(h["rss_mb"], tree_mb) for h in hta]
             deltas = [abs(a - b) for r in hta[0]["metrics"] for a, b in zip(ours[0]["metrics"][r], hta[0]["metrics"][r])]
             deltas += [abs(ours[0]["overlap"][r] - hta[0]["overlap"][r]) for r in hta[0]["overlap"]]
+            for k, v in hta[0]["idle_streams"].items():
+                idle_streams[d.name].setdefault(k, {"ours": None})["hta"] = _shares(v)
+            stream_deltas = [abs(a - b) for v in idle_streams[d.name].values() if v["ours"] and v.get("hta")
+                             for a, b in zip(v["ours"], v["hta"])]
             row.update({
                 "hta_s": _spread([r["total_s"] for r in hta]), "hta_cpu_s": _spread([r["cpu_s"] for r in hta]),
                 "hta_rss_mb": _spread([r["rss_mb"] for r in hta], 1),
@@ -240,13 +262,21 @@ def main(argv: list[str] | None = None) -> None:
                 "rss_above_import_ratio": _spread([(o["rss_mb"] - o["import_rss_mb"]) / (h["rss_mb"] - h["import_rss_mb"])
                                                    for h, o in zip(hta, ours)], 2),
                 "max_metric_delta_pp": round(max(deltas), 3),
+                "max_idle_stream_delta_pp": round(max(stream_deltas), 3) if stream_deltas else None,
             })
         rows.append(row)
     cols = list(rows[0]) if not args.hta else list(max(rows, key=len))
     table = [[str(_fmt(r[c]) if isinstance(r.get(c), dict) else r.get(c, "")) for c in cols] for r in rows]
     for c, *vals in zip(cols, *table):
         print(f"{c:24} " + "  ".join(f"{v:28}" for v in vals))
-    print(json.dumps({"benchmark": "traces", "repeat": args.repeat, "scale": args.scale, "rows": rows}))
+    print("\nidle by CUDA stream, % host_wait / kernel_wait / other (ours | HTA's get_idle_time_breakdown):")
+    for trace, streams in idle_streams.items():
+        for k, v in sorted(streams.items(), key=lambda kv: tuple(map(int, kv[0].split(":")))):
+            cells = ["-" if v.get(arm) is None else " / ".join(f"{x:6.2f}" for x in v[arm])
+                     for arm in ("ours", "hta") if arm == "ours" or args.hta]
+            print(f"  {trace:24} rank:stream {k:8} " + "  |  ".join(cells))
+    print(json.dumps({"benchmark": "traces", "repeat": args.repeat, "scale": args.scale, "rows": rows,
+                      "idle_streams": idle_streams}))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ __all__ = ["render_trace_html", "render_trace_markdown", "trace_report_dict", "w
 
 # 2: idle_causes table and idle_*_pct / peer_wait_s in the summary.
 # 3: bottlenecks and recommendations (`trace_findings`), as in report.json.
-TRACE_REPORT_SCHEMA_VERSION = 3
-_TABLES = ("breakdown", "overlap", "idle_causes", "stragglers", "top_kernels", "steps")
+# 4: idle_streams table (HTA's per-CUDA-stream idle breakdown, `idle_by_stream`).
+TRACE_REPORT_SCHEMA_VERSION = 4
+_TABLES = ("breakdown", "overlap", "idle_causes", "idle_streams", "stragglers", "top_kernels", "steps")
 _WINDOW_NOTE = ("Shares are % of the profiled window (whole ProfilerSteps), averaged over ranks; "
                 "idle findings use the exposed-communication thresholds.")
 _IDLE_COLUMNS = ["rank", "idle_s", "sync_pct", "comm_wait_pct", "host_wait_pct", "other_pct", "peer_wait_s"]
@@ -75,6 +76,10 @@ def render_trace_markdown(analysis: Any) -> str:
     lines += ["sync: host blocked on the device; comm_wait: waiting on a collective; host_wait: the "
               "host issued the next work late; other: issued in time, started late. peer_wait_s: "
               "collective time spent waiting for late peers (busy, not idle).", ""]
+    if doc["idle_streams"]:
+        lines += ["## Idle per CUDA stream (HTA's definition, % of the stream's idle time)", ""]
+        lines += _table(doc["idle_streams"], ["rank", "stream", "idle_s", "host_wait_pct", "kernel_wait_pct",
+                                              "other_pct"])
     lines += ["## Stragglers (arrival at collectives)", ""]
     lines += _table(doc["stragglers"], [c for c in (doc["stragglers"][0] if doc["stragglers"] else {})])
     lines += ["## Headline", ""]

@@ -21,6 +21,14 @@ where its cause changes and labelled, first match wins:
 
 Time that collectives spend waiting for late peers is busy (non-compute) time on the
 timeline, not idle; `idle_causes` reports it beside the idle split as ``peer_wait_s``.
+
+`idle_by_stream` is HTA's per-stream view instead (``get_idle_time_breakdown``, HTA 0.5),
+reproduced so the numbers can be compared with it. Each CUDA stream is taken alone: the
+gap before each of its kernels (memcpy/memset included) since the previous one on that
+stream ended is ``host_wait`` when the kernel was launched after that end, else
+``kernel_wait`` when shorter than 30 µs (HTA's ``consecutive_kernel_delay``), else
+``other``. Gaps overlapped by other streams' work still count, so a stream's idle time is
+not the device's.
 """
 
 from __future__ import annotations
@@ -32,10 +40,15 @@ from ._model import TraceSet
 from ._table import Table
 from ._timeline import COMMUNICATION, COMPUTATION, CommPatterns, Timeline
 
-__all__ = ["IDLE_CAUSES", "idle_causes", "idle_segments"]
+__all__ = ["IDLE_CAUSES", "STREAM_IDLE_CAUSES", "idle_by_stream", "idle_causes", "idle_segments"]
 
 IDLE_CAUSES = ("sync", "comm_wait", "host_wait", "other")
 SEGMENT_COLUMNS = ["rank", "start_us", "end_us", "dur_us", "cause"]
+STREAM_IDLE_CAUSES = ("host_wait", "kernel_wait", "other")
+STREAM_COLUMNS = (["rank", "stream", "idle_s"] + [f"{c}_s" for c in STREAM_IDLE_CAUSES]
+                  + [f"{c}_pct" for c in STREAM_IDLE_CAUSES])
+# Event categories HTA 0.5 counts as a stream's kernels (not cuda_sync, not gpu_user_annotation).
+_KERNEL_CATEGORIES = ("kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy", "mtia_ccp_events")
 _SYNC, _COMM_WAIT, _HOST_WAIT, _OTHER = range(4)
 
 
@@ -140,3 +153,63 @@ def idle_causes(segments: Table, timelines: dict[int, Timeline], collectives: Ta
     cols = (["rank", "device", "idle_s"] + [f"{c}_s" for c in IDLE_CAUSES] + [f"{c}_pct" for c in IDLE_CAUSES]
             + ["peer_wait_s"])
     return Table.from_rows(rows, cols)
+
+
+def idle_by_stream(traces: TraceSet, timelines: dict[int, Timeline], *, hta_rounding: bool = False,
+                   kernel_wait_us: float = 30.0) -> Table:
+    """Per (rank, CUDA stream): idle time split as HTA 0.5's ``get_idle_time_breakdown``.
+
+    On each stream, the kernels (and memcpy/memset) sorted by start; the gap before each
+    one since the previous one ended is ``host_wait`` when it was launched (host runtime
+    call) after that end, else ``kernel_wait`` when shorter than `kernel_wait_us`, else
+    ``other``. Gaps are summed as they are (a negative one, from overlapping events on a
+    stream, counts negatively, as in HTA); a kernel whose launch is not in the trace is
+    never host wait. GPU ranks only.
+
+    Args:
+        traces: the parsed traces (stream and category of each event).
+        timelines: per-rank timelines from `rank_timeline` (their kernel set: the last
+            ProfilerStep filter, and with ``hta_rounding`` the rounded times); CPU
+            timelines and ones without ``rows`` give no rows.
+        hta_rounding: round launch times up to whole µs too, as HTA 0.5 does with
+            sub-µs traces (pass the value the timelines were built with).
+        kernel_wait_us: HTA's ``consecutive_kernel_delay`` (its default, 30; HTA's
+            docstring says ns but its timestamps are µs).
+
+    Returns:
+        One row per (rank, stream), sorted: rank, stream, idle_s, host_wait_s,
+        kernel_wait_s, other_s (these three sum to idle_s), host_wait_pct ...
+        other_pct (of idle_s; NaN when the stream never idled). No rows for CPU ranks.
+    """
+    cat_ids = [i for i in map(traces.symbols.id_of, _KERNEL_CATEGORIES) if i >= 0]
+    parts = []
+    for rank, tl in timelines.items():
+        if tl.device != "gpu" or tl.rows is None or tl.launch_us is None:
+            continue
+        ev = traces.ranks[rank].table
+        keep = np.isin(ev["cat_id"][tl.rows], cat_ids)
+        if not keep.any():
+            continue
+        stream = ev["stream"][tl.rows[keep]]
+        order = np.lexsort((tl.start_us[keep], stream))
+        stream = stream[order]
+        start, end = tl.start_us[keep][order], tl.end_us[keep][order]
+        launch = tl.launch_us[keep][order]
+        if hta_rounding:
+            launch = np.ceil(launch)
+        prev_end = np.concatenate([[np.nan], end[:-1]])
+        follows = np.concatenate([[False], stream[1:] == stream[:-1]])  # not its stream's first kernel
+        gap = np.where(follows, start - prev_end, 0.0)
+        host = follows & (launch > prev_end)  # NaN launch: False
+        cause = np.where(host, 0, np.where(follows & (gap < kernel_wait_us), 1, 2))
+        streams, idx = np.unique(stream, return_inverse=True)
+        sums = np.bincount(idx * 3 + cause, weights=gap, minlength=3 * streams.size).reshape(-1, 3) / 1e6
+        idle = sums.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            pct = np.where(idle[:, None] != 0, 100.0 * sums / idle[:, None], np.nan)
+        cols = {"rank": np.full(streams.size, rank, dtype=np.int64), "stream": streams.astype(np.int64),
+                "idle_s": idle}
+        cols.update({f"{c}_s": sums[:, k] for k, c in enumerate(STREAM_IDLE_CAUSES)})
+        cols.update({f"{c}_pct": pct[:, k] for k, c in enumerate(STREAM_IDLE_CAUSES)})
+        parts.append(Table(cols))
+    return Table.concat(parts, STREAM_COLUMNS)

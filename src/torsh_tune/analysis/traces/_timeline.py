@@ -55,6 +55,7 @@ class Timeline:
     main-thread operators (computation) and communication comes from gloo worker
     annotations, so the same breakdown/overlap code serves CPU runs. ``launch_us`` (GPU
     only) is when the host launched each kernel (NaN when the launch is not in the trace).
+    ``rows`` are the entries' row indices in the rank's event table (stream, category...).
     """
 
     device: str
@@ -64,6 +65,7 @@ class Timeline:
     name_id: np.ndarray
     window_us: tuple[float, float]
     launch_us: np.ndarray | None = None
+    rows: np.ndarray | None = None
 
 
 def step_spans(events: Table, symbols: SymbolTable) -> Table:
@@ -129,7 +131,7 @@ def rank_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
             s, e = np.ceil(s), np.floor(e)
         return Timeline(device="gpu", start_us=s, end_us=e, kind=kind, name_id=names,
                         window_us=(float(s.min()), float(e.max())),
-                        launch_us=_launch_times(ev, ev["correlation"][gpu]))
+                        launch_us=_launch_times(ev, ev["correlation"][gpu]), rows=gpu)
     return _cpu_timeline(trace, symbols, patterns)
 
 
@@ -175,4 +177,5 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
         window = (float(s.min()), float(e.max()))
     else:
         window = (0.0, 0.0)
-    return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names_all[rows], window_us=window)
+    return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names_all[rows], window_us=window,
+                    rows=rows)
