@@ -66,7 +66,7 @@ t2 = time.perf_counter()
 peak, cpu = rss_mb(), cpu_s() - c0  # before anything below could allocate
 print(json.dumps({"parse_s": t1 - t0, "analysis_s": t2 - t1, "cpu_s": cpu, "rss_mb": peak,
   "child_rss_mb": child_rss_mb(), "import_rss_mb": import_rss, "events": int(sum(len(r.table) for r in ts.ranks.values())),
-  "scanner": getattr(__import__("torsh_tune.analysis.traces._parser", fromlist=["x"]), "SCANNER", "arrow"),
+  "scanner": __import__("torsh_tune.analysis.traces._parser", fromlist=["SCANNER"]).SCANNER,
   "metrics": {str(r["rank"]): [r["idle_pct"], r["compute_pct"], r["non_compute_pct"]] for r in a.tables["breakdown"].rows()},
   "overlap": {str(r["rank"]): r["overlap_pct"] for r in a.tables["overlap"].rows()},
   "idle_streams": {f"{r['rank']}:{r['stream']}": [r[c] * 1e6 for c in ("host_wait_s", "kernel_wait_s", "other_s")]
