@@ -37,4 +37,5 @@ test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --timeout 600 --durations=15 tests
 
 clean:
-	rm -rf $(VENV) torsh-runs
+	rm -rf $(VENV) torsh-runs build
+	rm -f src/torsh_tune/analysis/traces/_scan.*.so
