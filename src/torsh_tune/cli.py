@@ -1011,26 +1011,13 @@ def _emulated_cluster(args: argparse.Namespace) -> Any:
 
 
 def _dispatch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    if args.command == "profile":
-        return cmd_profile(args, argv)
-    if args.command == "run":
-        return cmd_run(args, argv)
-    if args.command == "tune":
-        return cmd_tune(args, argv)
-    if args.command == "apply":
-        return cmd_apply(args)
-    if args.command == "report":
-        return cmd_report(args)
-    if args.command == "analyze":
-        return cmd_analyze(args)
-    if args.command == "compare":
-        return cmd_compare(args)
-    if args.command == "bench":
-        return cmd_bench(args, argv)
-    if args.command == "import-config":
-        return cmd_import_config(args)
-    if args.command == "advise":
-        return cmd_advise(args)
+    with_argv = {"profile": cmd_profile, "run": cmd_run, "tune": cmd_tune, "bench": cmd_bench}
+    without = {"apply": cmd_apply, "report": cmd_report, "analyze": cmd_analyze, "compare": cmd_compare,
+               "import-config": cmd_import_config, "advise": cmd_advise}
+    if args.command in with_argv:
+        return with_argv[args.command](args, argv)
+    if args.command in without:
+        return without[args.command](args)
     if args.command == "dashboard":
         from .dashboard import serve
 

@@ -78,6 +78,7 @@ def start_run_info(
     run_id: str,
     argv: Sequence[str] | None = None,
     started_at: float | None = None,
+    emulated: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write run.json for a run that is starting and return its contents.
 
@@ -90,6 +91,8 @@ def start_run_info(
         run_id: The TORSH_TUNE_RUN_ID marker of this launch.
         argv: torsh-tune's own command line, when launched from the CLI.
         started_at: Unix time of the start (default: now).
+        emulated: the emulated cluster's spec (`EmulateSpec.to_dict`) when every node is a
+            network namespace of this host; stored under "emulated".
     """
     t = time.time() if started_at is None else started_at
     info: dict[str, Any] = {
@@ -124,6 +127,8 @@ def start_run_info(
         "config": config.to_dict(),
         "outcome": None,
     }
+    if emulated is not None:
+        info["emulated"] = emulated
     write_json_atomic(run_dir.run_json, info)
     return info
 

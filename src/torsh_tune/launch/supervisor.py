@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import invalid
-from ..rundir import RunDir, write_json_atomic
+from ..rundir import RunDir
 from ._logs import LogDemux
 from ._procs import find_run_processes, kill_run_processes, signal_group, terminate_run_processes
 from .command import apply_launcher_template, build_run_env, build_torchrun_command, new_run_id, write_config_json
@@ -106,13 +106,11 @@ def launch_run(
     if config.launch.launcher is not None:
         cmd = apply_launcher_template(config.launch.launcher, cmd)
     env = build_run_env(config, run_dir, run_id=run_id)
-    info = start_run_info(
-        run_dir, config=config, script=script_path, script_args=script_args, command=cmd, run_id=run_id, argv=argv
-    )
     emulated = config.launch.env.get(ENV_EMULATED)
-    if emulated:  # every node is a namespace of this host: say so where readers look for the layout
-        write_json_atomic(run_dir.run_json, {**info, "nnodes": config.launch.nnodes,
-                                             "emulated": EmulateSpec.parse(str(emulated)).to_dict()})
+    start_run_info(
+        run_dir, config=config, script=script_path, script_args=script_args, command=cmd, run_id=run_id, argv=argv,
+        emulated=EmulateSpec.parse(str(emulated)).to_dict() if emulated else None,
+    )
 
     t0 = time.monotonic()
     try:
