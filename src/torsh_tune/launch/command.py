@@ -7,6 +7,7 @@ torsh-tune never re-implements process launching: each run is one
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import secrets
@@ -50,6 +51,14 @@ def torchrun_log_dir(run_dir: RunDir) -> Path:
     return run_dir.logs / "torchrun"
 
 
+@functools.cache
+def torchrun_accepts(flag: str) -> bool:
+    """Whether this torch's torchrun parser knows `flag` (flags come and go between releases)."""
+    from torch.distributed.run import get_args_parser
+
+    return any(flag in action.option_strings for action in get_args_parser()._actions)
+
+
 def build_torchrun_command(
     config: RunConfig,
     script: Path,
@@ -91,8 +100,10 @@ def build_torchrun_command(
         cmd += ["--rdzv-id", la.rdzv_id or run_dir.name]
     cmd += ["--nproc-per-node", str(la.nproc_per_node), "--max-restarts", str(la.max_restarts)]
     # torchrun's own SIGTERM -> SIGKILL escalation of workers (after a worker failure or
-    # our SIGTERM) uses the same grace as the supervisor; its default is 30 s.
-    cmd += ["--shutdown-timeout", str(math.ceil(config.budget.kill_grace_s))]
+    # our SIGTERM) uses the same grace as the supervisor; its default is 30 s. The flag is
+    # new in torch 2.13: older torchruns refuse it and keep their 30 s.
+    if torchrun_accepts("--shutdown-timeout"):
+        cmd += ["--shutdown-timeout", str(math.ceil(config.budget.kill_grace_s))]
     cmd += ["--log-dir", str(torchrun_log_dir(run_dir)), "--tee", "3"]
     cmd += ["-m", BOOTSTRAP_MODULE, str(Path(script).resolve()), *script_args]
     return cmd

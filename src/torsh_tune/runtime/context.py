@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..config import RunConfig, dist_env
 from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device
@@ -182,8 +183,7 @@ class RankRuntime:
         self.ddp_models.append(model)
         params = [p for p in model.module.parameters() if p.requires_grad]
         info = {
-            "bucket_cap_mb": model._bucket_config.bucket_bytes_cap / 2**20,
-            "first_bucket_cap_mb": _first_bucket_bytes(model._bucket_config) / 2**20,
+            **_bucket_caps_mb(model),
             "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
             "static_graph": bool(model.static_graph),
             "find_unused_parameters": bool(model.find_unused_parameters),
@@ -258,8 +258,15 @@ class RankRuntime:
         return int(torch.cuda.max_memory_allocated())
 
 
-def _first_bucket_bytes(bucket_config: Any) -> int:
-    """The first bucket's real cap: torch 2.13 reports the largest cap as `first_bucket_bytes_cap`
-    when a `bucket_cap_mb_list` is given, whose first entry is the one that applies."""
-    per_bucket = getattr(bucket_config, "per_bucket_bytes_caps", ())
-    return int(per_bucket[0]) if per_bucket else int(bucket_config.first_bucket_bytes_cap)
+def _bucket_caps_mb(model: Any) -> dict[str, float]:
+    """DDP's bucket caps in MiB. torch 2.13 keeps them in `_bucket_config`, where the first
+    bucket's real cap is `per_bucket_bytes_caps[0]` when a `bucket_cap_mb_list` is given (its
+    `first_bucket_bytes_cap` is then the largest); earlier releases keep `bucket_bytes_cap`
+    on the module and use c10d's fixed first-bucket size."""
+    config = getattr(model, "_bucket_config", None)
+    if config is None:
+        return {"bucket_cap_mb": model.bucket_bytes_cap / 2**20,
+                "first_bucket_cap_mb": dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20}
+    per_bucket = getattr(config, "per_bucket_bytes_caps", ())
+    first = int(per_bucket[0]) if per_bucket else int(config.first_bucket_bytes_cap)
+    return {"bucket_cap_mb": config.bucket_bytes_cap / 2**20, "first_bucket_cap_mb": first / 2**20}

@@ -1,0 +1,59 @@
+"""A script that applies FSDP2 itself: fully_shard on each block, then on the root; AdamW.
+
+Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
+"""
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=1000)
+p.add_argument("--width", type=int, default=256)
+p.add_argument("--blocks", type=int, default=4)
+p.add_argument("--batch-size", type=int, default=32)
+p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
+args = p.parse_args()
+
+cuda = torch.cuda.is_available()
+dist.init_process_group("nccl" if cuda else "gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % max(1, torch.cuda.device_count())) if cuda else torch.device("cpu")
+if cuda:
+    torch.cuda.set_device(device)
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    def __init__(self, w: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(w)
+        self.up = nn.Linear(w, 4 * w)
+        self.down = nn.Linear(4 * w, w)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+model = nn.Sequential(*[Block(args.width) for _ in range(args.blocks)], nn.Linear(args.width, 8)).to(device)
+for block in model[:-1]:
+    if args.compile:
+        block.compile()
+    fully_shard(block)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(rank)
+for step in range(args.steps):
+    x = torch.randn(args.batch_size, args.width, generator=g).to(device)
+    y = torch.randint(0, 8, (args.batch_size,), generator=g).to(device)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+if rank == 0:
+    print(f"fsdp2 done, loss {loss.item():.4f}")
+dist.destroy_process_group()
