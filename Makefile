@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser clean
+.PHONY: demo test venv browser clean gpu-check
 
 $(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
@@ -35,6 +35,15 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q --timeout 600 --durations=15 tests
+
+# What only a GPU can show (gpu-marked tests, NCCL runs with the self-check vs Kineto, overhead,
+# two ranks sharing a GPU over gloo), in one table and one JSON line; without CUDA it runs what it
+# can and says what it skipped. On a machine whose Python already has torch (a lent GPU machine:
+# torch 2.11, no network) run it with that Python: `make gpu-check GPU_PY=python3`.
+GPU_PY ?= $(BIN)/python
+gpu-check:
+	@if [ "$(GPU_PY)" = "$(BIN)/python" ]; then $(MAKE) --no-print-directory venv; fi
+	PYTHONPATH=$(CURDIR)/src:$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) torsh-runs build

@@ -68,7 +68,7 @@ def main() -> None:
     else:
         rank, world_size, local_rank = 0, 1, 0
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -87,7 +87,7 @@ def main() -> None:
         vocab_size=args.vocab_size, dim=args.dim, hidden=args.hidden, num_classes=args.num_classes
     ).to(device)
     if ddp:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     # Plain SGD keeps the optimizer's own cost small next to the all-reduce.
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     if master:

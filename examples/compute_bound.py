@@ -65,7 +65,7 @@ def main() -> None:
     else:
         rank, world_size, local_rank = 0, 1, 0
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -82,7 +82,7 @@ def main() -> None:
 
     model = ConvNet(channels=args.channels, num_classes=args.num_classes).to(device)
     if ddp:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     if master:
         num_params = sum(p.numel() for p in model.parameters())

@@ -57,7 +57,7 @@ def main() -> None:
     else:
         rank, world_size, local_rank = 0, 1, 0
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())  # one GPU per rank, or ranks sharing one
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -76,7 +76,7 @@ def main() -> None:
 
     model = build_model(args.in_features, args.hidden, args.layers).to(device)
     if ddp:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.MSELoss()
     if master:

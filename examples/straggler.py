@@ -71,7 +71,7 @@ def main() -> None:
     else:
         rank, world_size, local_rank = 0, 1, 0
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -91,7 +91,7 @@ def main() -> None:
         in_features=args.in_features, hidden=args.hidden, layers=args.layers, delay_s=delay_s
     ).to(device)
     if ddp:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.MSELoss()
     if master:

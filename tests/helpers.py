@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,6 +28,17 @@ def torchrun_bootstrap(run_dir: Path, script: Path, *args: str, nproc: int = 2, 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "torsh_tune.runtime.bootstrap", str(script), *args]
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_record_schema(record: dict, kind: str) -> None:
+    """The record has every required field of its type and no field the type does not know (optional
+    fields such as clocks, issuers and values not known are left out: older records lack them too)."""
+    from torsh_tune.records import RECORD_KINDS
+
+    fields = dataclasses.fields(RECORD_KINDS[kind])
+    required = {f.name for f in fields if f.default is dataclasses.MISSING}
+    assert required <= set(record), required - set(record)
+    assert set(record) <= {f.name for f in fields}, set(record) - {f.name for f in fields}
 
 
 def read_jsonl(path: Path) -> list[dict]:

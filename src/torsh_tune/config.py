@@ -181,6 +181,10 @@ class ThresholdsConfig:
     alert_step_spike_factor: float = _f(
         3.0, "Alert when a measured step takes longer than this many times the median step (critical above twice it)."
     )
+    selfcheck_pp: float = _f(
+        10.0, "Self-check: the always-on compute, communication or exposed-communication share disagreeing with a "
+        "trace window's by more than these percentage points (step time: this many %) is a finding."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

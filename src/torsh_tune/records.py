@@ -20,43 +20,75 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepRecord:
-    """One optimizer step of one rank. A step runs from the previous step's end to this one's."""
+    """One optimizer step of one rank. A step runs from the previous step's end to this one's.
+
+    `clock` says what the phase fields measure. "host": what the training thread spent
+    (the truth on CPU, where the host does the work). "device": CUDA events on the current
+    stream at the same boundaries, read once they completed: what the GPU spent; the host's
+    times are then kept in the `host_*_s` fields (launch time and host waits).
+    """
 
     rank: int
     step: int  # 0-based optimizer step index on this rank
-    t_start: float  # Unix s: end of the previous step (or first forward for step 0)
-    t_end: float  # Unix s: return of optimizer.step()
-    step_s: float  # t_end - t_start
-    data_s: float  # time blocked in DataLoader __next__ during the step
-    forward_s: float  # time inside the DDP (or root) module's forward, summed over micro-batches
-    backward_s: float  # time inside backward() calls, including communication DDP waits for
-    optimizer_s: float  # time inside optimizer.step()
-    comm_s: float  # wall time covered by this step's collectives (union of bucket intervals)
-    exposed_comm_s: float  # communication not hidden behind backward compute
-    samples: int  # samples processed in the step (first dim of the model input)
+    t_start: float  # Unix s (host): end of the previous step (or first activity for step 0)
+    t_end: float  # Unix s (host): return of optimizer.step()
+    step_s: float  # the step, in `clock`
+    data_s: float  # host: blocked in DataLoader __next__; device: time before the first forward
+    forward_s: float  # in the probed module's forward (DDP, FSDP root, compiled wrapper), summed over micro-batches
+    backward_s: float  # inside backward() calls, including communication waited for there
+    optimizer_s: float  # inside optimizer.step()
+    comm_s: float  # union of the step's collective intervals
+    exposed_comm_s: float  # communication the step waited for (not hidden behind compute)
+    samples: int  # samples processed in the step (first dim of the model input or the DataLoader batch)
     tokens: int | None  # tokens the script counted in the step (torsh_tune.count_tokens), None if it counts none
     num_microbatches: int  # forward passes in the step (> 1 with gradient accumulation)
     loss: float | None  # read every `profiler.loss_every` steps, else None
     peak_mem_bytes: int  # torch.cuda.max_memory_allocated on GPU, process RSS on CPU
     warmup: bool  # inside budget.warmup_steps
+    clock: str | None = None  # "host" or "device" (None: records written before clocks were recorded)
+    forward_exposed_comm_s: float | None = None  # exposed comm inside the forward (FSDP all-gathers)
+    backward_exposed_comm_s: float | None = None  # ... inside the backward (DDP's last buckets, reduce-scatters)
+    optimizer_exposed_comm_s: float | None = None  # ... inside optimizer.step()
+    host_step_s: float | None = None  # device clock only: the host's view of the same fields
+    host_data_s: float | None = None
+    host_forward_s: float | None = None
+    host_backward_s: float | None = None
+    host_optimizer_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommRecord:
-    """One collective issued by a DDP comm hook (one bucket) or a traced collective."""
+    """One collective or p2p operation at the c10d layer (whoever issued it), or one DDP step's builtin all-reduce.
+
+    `clock` says what `duration_s` measures: "device" (NCCL: CUDA events around the
+    collective on the stream it was issued from, read later) or "host" (gloo: until the
+    call returned or its future completed).
+    """
 
     rank: int
     step: int
-    seq: int  # per-rank sequence number of collectives (aligns the same bucket across ranks)
-    bucket: int  # DDP bucket index within the step (-1 when not a bucket)
-    collective: str  # all_reduce, all_gather, ...
-    hook: str  # name of the comm hook doing the work ("allreduce" for PyTorch's default)
-    bytes: int  # payload of the bucket before compression
+    seq: int  # per-rank sequence number of collectives (aligns the same collective across ranks)
+    bucket: int  # DDP bucket index (-1 when not a bucket)
+    collective: str  # all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, send, ...
+    hook: str | None = None  # the DDP comm hook that issued it ("allreduce", "builtin" for the reducer's own)
+    bytes: int  # bytes of the collective (nccl-tests' size: the whole gathered/scattered buffer)
     wire_bytes: int  # bytes handed to the collective (after compression)
-    num_tensors: int  # parameters/gradients in the bucket
-    t_issue: float  # Unix s: hook called (gradients of the bucket ready)
-    t_complete: float  # Unix s: future completed
-    duration_s: float  # t_complete - t_issue (skew + contention + transfer)
+    num_tensors: int | None = None  # gradients in the DDP bucket
+    t_issue: float  # Unix s (host): the call was made
+    t_complete: float | None = None  # Unix s: completed (device clock: on the step's device timeline, anchored at its host start)
+    duration_s: float | None = None  # in `clock`: skew + contention + transfer (None: never seen complete)
+    issuer: str | None = None  # ddp, fsdp, pipeline, user, accelerate, transformers, lightning, dtensor
+    group: str | None = None  # process group: "world" or its name
+    group_ranks: list[int] | None = None  # global ranks of the group
+    group_size: int | None = None
+    backend: str | None = None  # nccl, gloo
+    dtype: str | None = None
+    grad_bytes: int | None = None  # DDP: gradient bytes of the bucket (before compression)
+    async_op: bool | None = None
+    blocked_s: float | None = None  # host: how long the training thread waited in the call or Work.wait()
+    clock: str | None = None  # "device" or "host"
+    stream: str | None = None  # device clock: "default" (the compute stream) or "side"
+    t_start: float | None = None  # device clock: started, on the step's device timeline
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +107,8 @@ class SystemRecord:
     gpu_power_w: float | None
     pcie_tx_bytes_per_s: float | None
     pcie_rx_bytes_per_s: float | None
+    nvlink_tx_bytes_per_s: float | None = None
+    nvlink_rx_bytes_per_s: float | None = None
 
 
 RECORD_KINDS: dict[str, type] = {"steps": StepRecord, "comm": CommRecord, "system": SystemRecord}

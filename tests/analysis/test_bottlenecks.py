@@ -5,6 +5,7 @@ import pytest
 from torsh_tune.analysis import (
     CATEGORIES,
     SEVERITIES,
+    Bottleneck,
     Breakdown,
     CommStats,
     MemoryStats,
@@ -12,6 +13,7 @@ from torsh_tune.analysis import (
     SystemStats,
     analyze_run,
     diagnose,
+    recommend,
 )
 from torsh_tune.config import ThresholdsConfig
 
@@ -133,14 +135,41 @@ def test_gpu_utilisation_only_with_gpu_data():
     assert found[0].severity == "medium" and found[0].evidence["gpu_util_pct"] == 60.0
 
 
-def test_pipeline_bubble_compares_with_theory():
+def _bubble(**clock) -> Bottleneck:
+    pipeline = {"stages": 4, "microbatches": 4, "bubble_pct": 50.0, **clock}
+    found = [b for b in diagnose(breakdown=_bd(forward=90), pipeline=pipeline) if b.category == "pipeline_bubble"]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("clock", [{"clock": "host", "device": "cpu"}, {"clock": "device", "device": "cuda"}])
+def test_pipeline_bubble_compares_with_theory(clock):
     assert not [b for b in diagnose(breakdown=_bd(forward=90)) if b.category == "pipeline_bubble"]
-    found = [b for b in diagnose(breakdown=_bd(forward=90), pipeline={"stages": 4, "microbatches": 4, "bubble_pct": 50.0})
-             if b.category == "pipeline_bubble"]
-    ev = found[0].evidence
+    found = _bubble(**clock)
+    ev = found.evidence
     assert ev["theoretical_bubble_pct"] == pytest.approx(100 * 3 / 7, abs=0.01)
     assert ev["excess_bubble_pct"] == pytest.approx(50 - 100 * 3 / 7, abs=0.01)
-    assert found[0].severity == "high"
+    assert (ev["clock"], ev["device"], ev["graded"]) == (clock["clock"], clock["device"], True)
+    assert found.severity == "high" and "informational" not in found.message
+
+
+@pytest.mark.parametrize("clock", [{"clock": "host", "device": "cuda"}, {}])
+def test_a_host_clock_bubble_off_cpu_is_informational(clock):
+    # On CUDA the host clock of a schedule is kernel-launch time; a document that does not say
+    # its clock and device (older runs) cannot be trusted either.
+    found = _bubble(**clock)
+    assert found.severity == "low" and found.evidence["graded"] is False and found.evidence["clock"] == "host"
+    assert "informational" in found.message and "kernel-launch time" in found.message
+    recs = [r for r in recommend([found]) if r.category == "pipeline_bubble"]
+    # The gain comes from the theory only: 42.9 % at m=4 down to 27.3 % at m=8, not from the 50 % measured.
+    assert recs and recs[0].expected_gain.low_pct == 0.0
+    assert recs[0].expected_gain.high_pct == pytest.approx(100 * 3 / 7 - 100 * 3 / 11, abs=0.01)
+    assert "host launch time" in recs[0].rationale
+
+
+def test_a_graded_bubble_bounds_the_gain_by_the_measurement():
+    recs = [r for r in recommend([_bubble(clock="device", device="cuda")]) if r.category == "pipeline_bubble"]
+    assert recs[0].expected_gain.high_pct == pytest.approx(50 - 100 * 3 / 11, abs=0.01)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

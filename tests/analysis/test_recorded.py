@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torsh_tune.analysis import analyze_run
-from torsh_tune.records import columns_of
+from helpers import assert_record_schema
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
 
@@ -42,4 +42,4 @@ def test_recorded_files_follow_the_record_schema():
 
     for path in RECORDED.glob("*/ranks/*.steps.jsonl"):
         first = json.loads(path.read_text().splitlines()[0])
-        assert list(first) == columns_of("steps")
+        assert_record_schema(first, "steps")

@@ -37,7 +37,7 @@ def test_synthetic_and_empty_reports_validate():
 
 
 # Top-level keys added within schema version 1: optional, so earlier report.json files stay valid.
-OPTIONAL_KEYS = {"strategy_advice", "alerts"}
+OPTIONAL_KEYS = {"strategy_advice", "alerts", "self_check"}
 
 
 def test_schema_documents_every_top_level_key():

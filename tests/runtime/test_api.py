@@ -8,6 +8,7 @@ every strategy kind that runs on 2 ranks, and the impossible combinations.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 
 from torsh_tune.rundir import RunDir
 
-from helpers import EXAMPLES, SCRIPTS, read_jsonl, run_cli
+from helpers import EXAMPLES, SCRIPTS, read_jsonl, run_cli, torchrun_bootstrap
 
 ACCUMULATE = SCRIPTS / "api_accumulate.py"
 EXAMPLE = EXAMPLES / "api_strategies.py"
@@ -166,3 +167,114 @@ def test_count_tokens_checks_its_argument_and_does_nothing_outside_torsh_tune():
     for bad in (-1, 2.5, True, torch.tensor(1.5), "12"):
         with pytest.raises(ConfigError, match=r"count_tokens\(n\)"):
             torsh_tune.count_tokens(bad)
+
+
+_RELEASE_SCRIPT = """
+import gc, json, sys, weakref
+import torch, torch.nn as nn, torch.distributed as dist
+import torsh_tune as tt
+from torsh_tune.config import RunConfig
+from torsh_tune.errors import ConfigError
+
+torch.manual_seed(0)
+model = nn.Sequential(*(nn.Linear(32, 32) for _ in range(4)))
+opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.1},
+                         {"params": [p for m in model[1:] for p in m.parameters()]}], lr=0.01, weight_decay=0.1)
+originals = [weakref.ref(p) for p in model.parameters()]
+res = {}
+try:  # refused before sharding: the optimizer handed in must come back intact
+    tt.parallelize(model, opt, config=RunConfig().apply_patch({"strategy": {"kind": "fsdp"}, "fsdp": {"cpu_offload": True}}).strategy)
+except ConfigError:
+    res["after_error"] = [len(g["params"]) for g in opt.param_groups]
+model, new_opt = tt.parallelize(model, opt, config=RunConfig().apply_patch({"strategy": {"kind": "fsdp"}}).strategy)
+gc.collect()
+res["alive"] = sum(r() is not None for r in originals)
+res["old_groups"] = [len(g["params"]) for g in opt.param_groups]
+res["new_groups"] = [(len(g["params"]), g["lr"], g["weight_decay"]) for g in new_opt.param_groups]
+res["type"] = type(new_opt).__name__
+res["loss"] = float(tt.train_step(model, new_opt, (torch.randn(8, 32), torch.randn(8, 32)), nn.functional.mse_loss))
+json.dump(res, open(sys.argv[1] + f".rank{dist.get_rank()}.json", "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_lets_go_of_the_unsharded_parameters_and_keeps_the_param_groups(tmp_path):
+    # FSDP2 frees each unit's unsharded parameters only if nothing else holds them; the
+    # optimizer handed in held all of them, so the whole model stayed in memory (on the GPU).
+    script = tmp_path / "release.py"
+    script.write_text(_RELEASE_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+           str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        res = json.loads((tmp_path / f"out.rank{rank}.json").read_text())
+        assert res["after_error"] == [2, 6]
+        assert res["alive"] == 0 and res["old_groups"] == [0, 0]
+        assert res["type"] == "AdamW" and res["new_groups"] == [[2, 0.1, 0.1], [6, 0.01, 0.1]]
+        assert math.isfinite(res["loss"])
+
+
+# -- CUDA: placement by strategy and the setup's memory peak (skipped without a GPU) ------------
+_GPU_SCRIPT = '''
+import json, sys
+import torch, torch.nn as nn
+import torsh_tune as tt
+from torsh_tune.config import RunConfig
+
+scenario, out = sys.argv[1], sys.argv[2]
+torch.cuda.set_device(0)
+torch.manual_seed(0)
+model = nn.Sequential(*(nn.Linear(2048, 2048) for _ in range(8)))  # 8 FSDP units of 16 MiB
+model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+if scenario == "offload":
+    config = RunConfig().apply_patch({"strategy": {"kind": "fsdp"}, "fsdp": {"cpu_offload": True}}).strategy
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    model, opt = tt.parallelize(model, opt, config=config)
+    setup_peak = torch.cuda.max_memory_allocated() - base
+else:  # under torsh-tune: 1 GiB freed before parallelize must not be the steps' peak
+    junk = torch.empty(1 << 28, device="cuda")
+    del junk
+    model, opt = tt.parallelize(model, opt)
+    setup_peak = None
+places = sorted({(p.to_local() if hasattr(p, "to_local") else p).device.type for p in model.parameters()})
+x, y = torch.randn(64, 2048), torch.randn(64, 2048)
+losses = [float(tt.train_step(model, opt, (x, y), nn.functional.mse_loss)) for _ in range(3)]
+json.dump({"model_bytes": model_bytes, "setup_peak": setup_peak, "places": places, "losses": losses}, open(out, "w"))
+'''
+
+
+def _gpu_script(tmp_path):
+    script = tmp_path / "gpu_placement.py"
+    script.write_text(_GPU_SCRIPT)
+    return script
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA and NCCL")
+def test_fsdp_cpu_offload_never_holds_the_whole_model_on_the_gpu(tmp_path):
+    out = tmp_path / "offload.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(_gpu_script(tmp_path)),
+           "offload", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["places"] == ["cpu"]  # the shards live on the CPU
+    # Sharded one unit at a time (a unit and its padded shard at most), not moved whole first.
+    assert res["setup_peak"] < res["model_bytes"] / 2, res
+    assert all(math.isfinite(v) for v in res["losses"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA and NCCL")
+def test_the_steps_peak_memory_is_the_training_peak_and_the_setup_peak_is_recorded(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = torchrun_bootstrap(run_dir, _gpu_script(tmp_path), "ddp", str(tmp_path / "ddp.json"), nproc=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    meta = json.loads(RunDir(run_dir).rank_file(0, "meta").read_text())
+    assert meta["strategy"]["setup_peak_mem_bytes"] >= 1 << 30
+    steps = read_jsonl(RunDir(run_dir).rank_file(0, "steps"))
+    assert steps and all(0 < s["peak_mem_bytes"] < 1 << 30 for s in steps), [s["peak_mem_bytes"] for s in steps]

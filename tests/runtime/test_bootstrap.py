@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from torsh_tune.records import columns_of
 from torsh_tune.rundir import RunDir
 
-from helpers import SCRIPTS, read_jsonl, torchrun_bootstrap
+from helpers import SCRIPTS, assert_record_schema, read_jsonl, torchrun_bootstrap
 
 SCRIPT = SCRIPTS / "train_small.py"
 
@@ -25,13 +24,17 @@ def test_budget_stops_every_rank_at_the_same_step_and_records_match_schema(tmp_p
     for rank in (0, 1):
         steps = read_jsonl(run.rank_file(rank, "steps"))
         assert [s["step"] for s in steps] == list(range(10))
-        assert list(steps[0]) == columns_of("steps")
+        assert_record_schema(steps[0], "steps")
+        assert steps[0]["clock"] == "host"  # CPU: the host does the work
         assert [s["warmup"] for s in steps] == [True, True] + [False] * 8
         assert all(s["samples"] == 16 and s["num_microbatches"] == 1 for s in steps)
         assert [s["step"] for s in steps if s["loss"] is not None] == [0, 5]
-        assert all(s["step_s"] > 0 and s["backward_s"] > 0 and s["forward_s"] > 0 for s in steps)
+        assert all(s["step_s"] > 0 and s["backward_s"] > 0 for s in steps)
+        # The forward is probed from the first optimizer step on (the module holding the parameters).
+        assert all(s["forward_s"] > 0 for s in steps[1:]) and steps[0]["forward_s"] == 0
         comm = read_jsonl(run.rank_file(rank, "comm"))
-        assert list(comm[0]) == columns_of("comm")
+        assert_record_schema(comm[0], "comm")
+        assert comm[0]["issuer"] == "ddp" and comm[0]["clock"] == "host" and comm[0]["group_ranks"] == [0, 1]
         meta = json.loads(run.rank_file(rank, "meta").read_text())
         param_bytes = meta["ddp"]["param_bytes"]
         assert param_bytes == (32 * 64 + 64 + 64 * 4 + 4) * 4

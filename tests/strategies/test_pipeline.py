@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -199,6 +200,9 @@ def test_stats_report_a_sane_bubble_and_the_theory(two_ranks, schedule):
         stats = r[schedule]["stats"]
         assert (stats["stages"], stats["ranks"], stats["microbatches"], stats["stages_per_rank"]) == (2 * v, 2, 4, v)
         assert stats["schedule"] == schedule and stats["steps_measured"] == 9
+        # On CPU the host runs the kernels: the host clock is the truth, and it says so.
+        assert (stats["clock"], stats["device"], stats["steps_pending"]) == ("host", "cpu", 0)
+        assert stats["host_step_s"] == stats["step_s"]
         assert stats["theoretical_bubble_pct"] == pytest.approx(theory)
         assert 0 <= stats["bubble_pct"] < 100
         assert 0 < stats["busy_s"] < stats["step_s"]
@@ -242,3 +246,25 @@ def test_four_stages_on_four_ranks(four_ranks, schedule):
         stats = r[schedule]["stats"]
         assert stats["theoretical_bubble_pct"] == pytest.approx(100 * 3 / 7)
         assert 0 <= stats["bubble_pct"] < 100
+
+
+# -- the clock of the bubble (no processes) ------------------------------------------------------
+def test_host_clock_counts_the_spans_of_each_stage_against_the_step():
+    from torsh_tune.strategies.pipeline import _Clock
+
+    clock = _Clock([1, 3], torch.device("cpu"))
+    for _ in range(2):
+        clock.begin_step()
+        with clock.span(1):
+            busy_until = time.perf_counter() + 0.02
+            while time.perf_counter() < busy_until:
+                pass
+        clock.timed(lambda: time.sleep(0.01), 3)()
+        time.sleep(0.03)  # idle: the bubble
+        clock.end_step()
+    assert clock.clock == "host" and clock.steps_pending == 0 and len(clock.steps) == 2
+    step = clock.steps[-1]
+    assert step["stage_busy_s"][0] >= 0.02 and step["stage_busy_s"][1] >= 0.01
+    assert step["busy_s"] == pytest.approx(sum(step["stage_busy_s"]))
+    assert step["step_s"] >= step["busy_s"] + 0.03 and step["host_step_s"] == step["step_s"]
+

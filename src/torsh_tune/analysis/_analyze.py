@@ -16,6 +16,7 @@ from ._load import load_run
 from ._recommend import recommend
 from ._resources import data_wait_by_rank, memory_stats, system_stats
 from ._runinfo import is_done, run_status
+from ._selfcheck import run_self_checks
 from ._steps import breakdown, measured, step_stats
 from ._stragglers import straggler_stats
 from ._types import RunAnalysis
@@ -67,7 +68,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     sg = guarded("straggler analysis",
                  lambda: straggler_stats(steps, comm, median_step_s=st.median_step_s if st else None), None)
     mem = guarded("memory analysis", lambda: memory_stats(frames.steps, frames.system, frames.meta), None)
-    sysst = guarded("system analysis", lambda: system_stats(frames.system), None)
+    sysst = guarded("system analysis", lambda: system_stats(frames.system, frames.steps, warnings=warnings), None)
     waits = guarded("data-wait analysis", lambda: data_wait_by_rank(steps), {})
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
@@ -88,6 +89,9 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     ), ())
 
     alerts = guarded("alerts", lambda: find_alerts(frames, thresholds=th), ())
+    # Every step record, warm-up included: a trace window may lie in the warm-up.
+    self_checks = guarded("self-check against the traces",
+                          lambda: run_self_checks(frames.run_dir, frames.steps, thresholds=th, warnings=warnings), ())
 
     status = run_status(frames.info)
     partial = _partial(status, frames.exits, frames.world_size, warnings)
@@ -109,6 +113,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         recommendations=recs,
         advice=advice,
         alerts=alerts,
+        self_check=self_checks,
     )
 
 

@@ -52,8 +52,13 @@ def diagnose(
         memory: memory statistics.
         system: system sampler statistics.
         data_wait_by_rank: rank -> data wait % of its step time.
-        pipeline: a rank's meta.json "pipeline" document (stages, microbatches and the
-            measured bubble_pct), when the run is pipeline-parallel.
+        pipeline: a rank's meta.json "pipeline" document (stages, microbatches, the
+            measured bubble_pct and the clock and device it was measured with), when the
+            run is pipeline-parallel. A bubble is graded only on the device clock, or on the
+            host clock of a CPU run (there the host runs the kernels); on CUDA the host clock
+            measures kernel launches, so such a bubble (or one that does not say its clock
+            and device) is reported at severity "low" as informational (`evidence["graded"]`
+            False).
         world_size: number of ranks.
         thresholds: rule thresholds; ThresholdsConfig() by default.
         reference_busbw_gbps: bus bandwidth this fabric measurably delivers (run.json
@@ -312,13 +317,22 @@ def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
         theory = theoretical_bubble_pct(int(pipeline.get("ranks") or stages), micro)
     if not isinstance(measured, (int, float)):
         measured = theory
-    severity = _level(measured, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2) or "low"
+    clock, device = pipeline.get("clock") or "host", pipeline.get("device")
+    graded = clock == "device" or device == "cpu"
+    if graded:
+        severity = _level(measured, critical=th.comm_critical_pct, high=th.comm_high_pct,
+                          medium=th.comm_high_pct / 2) or "low"
+    else:
+        severity = "low"
     evidence = {
         "stages": stages,
         "microbatches": micro,
         "bubble_pct": round(float(measured), 2),
         "theoretical_bubble_pct": round(theory, 2),
         "excess_bubble_pct": round(float(measured) - theory, 2),
+        "clock": clock,
+        "device": device,
+        "graded": graded,
     }
     if isinstance(pipeline.get("stage_bubble_pct"), dict):
         evidence["stage_bubble_pct"] = pipeline["stage_bubble_pct"]
@@ -328,8 +342,12 @@ def _pipeline(pipeline: dict[str, Any] | None, th: ThresholdsConfig,
         evidence["ranks"] = pipeline["ranks"]
     message = (f"pipeline bubble {measured:.1f} % of the step (theory for {stages} stages x {micro} "
                f"microbatches: {theory:.1f} %)")
+    if not graded:
+        where = "on CUDA" if device == "cuda" else f"on device {device or 'unknown'}"
+        message += (f"; informational: measured on the host clock {where}, i.e. kernel-launch time, "
+                    "not the device's bubble")
     return [(Bottleneck(category="pipeline_bubble", severity=severity, ranks=ranks, evidence=evidence,
-                        message=message), float(measured))]
+                        message=message), float(measured) if graded else 0.0)]
 
 
 def _computation(pct: dict[str, float], ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:

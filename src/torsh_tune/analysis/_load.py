@@ -199,6 +199,9 @@ def _conform(df: pd.DataFrame, kind: str, warnings: list[str] | None = None, sou
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
         elif kind_of == "bool":
             df[col] = df[col].map(lambda v: v if isinstance(v, bool) else None).astype(object)
+        elif kind_of == "list":
+            df[col] = df[col].map(lambda v: [int(x) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else None
+                                  ).astype(object)
         else:
             df[col] = df[col].map(lambda v: v if isinstance(v, str) else None).astype(object)
     key = [c for c in ("rank", "step", "seq") if c in cols]
@@ -215,13 +218,14 @@ def _conform(df: pd.DataFrame, kind: str, warnings: list[str] | None = None, sou
 
 @functools.cache
 def _column_kinds(kind: str) -> dict[str, str]:
-    """column -> number | bool | str, from the record dataclass's annotations."""
+    """column -> number | bool | str | list, from the record dataclass's annotations."""
     hints = typing.get_type_hints(RECORD_KINDS[kind])
     out = {}
     for col in columns_of(kind):
         args = set(typing.get_args(hints[col])) or {hints[col]}
         args.discard(type(None))
-        out[col] = "bool" if args == {bool} else "str" if args == {str} else "number"
+        out[col] = ("bool" if args == {bool} else "str" if args == {str}
+                    else "list" if any(typing.get_origin(a) is list for a in args) else "number")
     return out
 
 

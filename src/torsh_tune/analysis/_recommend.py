@@ -81,6 +81,9 @@ class _Context:
         first = meta[min(meta)] if meta else {}
         self.device = str(first.get("device", "cpu"))
         self.ddp = first.get("ddp") if isinstance(first.get("ddp"), dict) else {}
+        # Who issued the run's collectives (the c10d capture): {"ddp": {"count": n, "bytes": b}, ...}
+        issuers = first.get("collectives") if isinstance(first.get("collectives"), dict) else {}
+        self.main_issuer = max(issuers, key=lambda k: issuers[k].get("bytes", 0), default=None) if issuers else None
 
     def hostname(self, rank: int) -> str | None:
         host = self.meta.get(rank, {}).get("hostname")
@@ -136,6 +139,8 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     # Overlap hides communication only behind backward compute, and never the last bucket.
     high = min(e, bwd)
     low = high - last
+    if not ctx.ddp:
+        return _communication_without_ddp(e, bwd, ev, ctx)
     cap = ctx.ddp.get("bucket_cap_mb") or 25.0
     num_buckets = ctx.ddp.get("num_buckets")
     if num_buckets is None and ev.get("num_collectives_per_step"):
@@ -148,6 +153,8 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         why = f"{param_mib:.1f} MiB of gradients in {num_buckets or 1} bucket(s) cannot overlap; ~4 buckets can"
     else:
         new_cap, why = max(1.0, cap / 2), "smaller buckets start communicating earlier in backward"
+    if new_cap == cap:  # already at the smallest bucket DDP (and Dynamo's DDPOptimizer) accept
+        return []
     return [_rec(
         "communication",
         f"Set DDP bucket_cap_mb to {new_cap:g} (now {cap:g})",
@@ -156,6 +163,27 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         _gain(low, high, f"exposed comm {e:.1f} % hidable only behind backward compute {bwd:.1f} %, "
                          f"minus the last bucket's transfer {last:.1f} %"),
         "low",
+    )]
+
+
+def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _Context) -> list[Recommendation]:
+    """Exposed communication of a stack without DDP: DDP's knobs do not apply; say what does."""
+    issuer = ctx.main_issuer or "user"
+    if issuer == "fsdp":
+        title = "Overlap FSDP's all-gathers and reduce-scatters with compute"
+        why = ("FSDP's collectives are exposed: prefetch the next blocks' all-gathers "
+               "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), keep the root and last "
+               "blocks unsharded after forward (reshard_after_forward=False), or shard over fewer ranks (HSDP)")
+    else:
+        title = "Average gradients with DDP instead of blocking all-reduces after backward"
+        why = (f"the collectives come from {issuer!r} code and block the training thread; DDP's bucketed "
+               "all-reduce starts during backward and overlaps with it (or register the all-reduce as a "
+               "gradient hook with async_op=True and wait before the optimizer step)")
+    return [_rec(
+        "communication", title,
+        f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
+        {}, _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %"),
+        "medium",
     )]
 
 
@@ -266,6 +294,18 @@ def _pipeline(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     ev = b.evidence
     p, m, measured = int(ev.get("ranks") or ev["stages"]), int(ev["microbatches"]), float(ev["bubble_pct"])
     after = theoretical_bubble_pct(p, 2 * m)
+    if ev.get("graded") is False:  # a host-clock bubble on CUDA is launch time: only the theory bounds the gain
+        now = theoretical_bubble_pct(p, m)
+        return [_rec(
+            "pipeline_bubble",
+            f"Use {2 * m} microbatches per step (now {m})",
+            f"(p-1)/(m+p-1) falls from {now:.1f} % to {after:.1f} % at m={2 * m} (the batch must divide by it); "
+            f"the measured {measured:.1f} % is host launch time, not the device's bubble",
+            {"pipeline": {"n_microbatches": 2 * m}},
+            _gain(0.0, now - after, f"theoretical bubble {now:.1f} % down to {after:.1f} % at {2 * m} microbatches "
+                  "(no device-clock measurement)"),
+            "low",
+        )]
     return [_rec(
         "pipeline_bubble",
         f"Use {2 * m} microbatches per step (now {m})",

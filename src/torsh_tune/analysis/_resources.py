@@ -8,7 +8,7 @@ import pandas as pd
 
 from ._types import MemoryStats, SystemStats
 
-__all__ = ["data_wait_by_rank", "memory_stats", "system_stats"]
+__all__ = ["GPU_UTIL_CAVEAT", "data_wait_by_rank", "measured_windows", "memory_stats", "system_stats"]
 
 
 def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
@@ -69,13 +69,57 @@ def memory_stats(steps: pd.DataFrame, system: pd.DataFrame, meta: dict[int, dict
                        capacity_bytes=capacity, peak_pct=peak_pct)
 
 
-def system_stats(system: pd.DataFrame) -> SystemStats | None:
-    """Means of the system sampler's records (None for a quantity never sampled)."""
+# NVML's utilisation is "a kernel was resident during the sample period", and a kernel
+# waiting inside a collective (NCCL spins on the GPU until its peers arrive) is resident.
+GPU_UTIL_CAVEAT = (
+    "gpu_util_pct is NVML's share of time a kernel was running; a kernel waiting in a collective "
+    "(a spinning NCCL kernel) counts as busy, so it bounds useful GPU work from above"
+)
+
+
+def system_stats(
+    system: pd.DataFrame,
+    steps: pd.DataFrame | None = None,
+    *,
+    warnings: list[str] | None = None,
+) -> SystemStats | None:
+    """Means of the system sampler's records inside the measured window.
+
+    The window of a rank runs from the `t_start` of its first measured (non-warm-up) step
+    to the `t_end` of its last step, so start-up (imports, NCCL init, compile) and teardown
+    do not dilute the utilisation. Only samples of ranks with step records count.
+
+    `gpu_util_pct_mean` carries `GPU_UTIL_CAVEAT`: NVML counts a kernel waiting in a
+    collective as busy, so a communication-bound run can look compute-busy.
+
+    Args:
+        system: system records.
+        steps: all step records (warm-up included, `warmup` marks them); None or empty
+            means no window is known and every sample counts.
+        warnings: where to say when the window could not be used (appended to).
+
+    Returns:
+        SystemStats, or None without system records.
+
+    Example:
+        >>> import pandas as pd
+        >>> system = pd.DataFrame({"rank": [0, 0, 0], "t": [0.0, 5.0, 9.0], "cpu_pct": [0.0, 80.0, 0.0]})
+        >>> steps = pd.DataFrame({"rank": [0, 0], "step": [0, 1], "t_start": [2.0, 4.0],
+        ...                       "t_end": [4.0, 6.0], "warmup": [True, False]})
+        >>> system_stats(system, steps).cpu_pct_mean
+        80.0
+    """
     if system.empty:
         return None
+    notes: list[str] = []
+    inside = _in_measured_window(system, steps, notes)
+    if warnings is not None:
+        warnings.extend(notes)
 
     def mean(col: str) -> float | None:
-        v = pd.to_numeric(system[col], errors="coerce").dropna()
+        if col not in inside.columns:
+            return None
+        v = pd.to_numeric(inside[col], errors="coerce").dropna()
         return float(v.mean()) if len(v) else None
 
     return SystemStats(
@@ -84,6 +128,55 @@ def system_stats(system: pd.DataFrame) -> SystemStats | None:
         gpu_util_pct_mean=mean("gpu_util_pct"),
         gpu_power_w_mean=mean("gpu_power_w"),
     )
+
+
+def measured_windows(steps: pd.DataFrame | None) -> tuple[dict[int, tuple[float, float]], bool]:
+    """rank -> (t_start of its first measured step, t_end of its last step), and whether
+    warm-up steps had to stand in (every step of the run is a warm-up step)."""
+    if steps is None or steps.empty or not {"rank", "t_start", "t_end"} <= set(steps.columns):
+        return {}, False
+    df = steps.assign(t_start=pd.to_numeric(steps["t_start"], errors="coerce"),
+                      t_end=pd.to_numeric(steps["t_end"], errors="coerce"))
+    df = df[df["t_start"].notna() & df["t_end"].notna()]
+    if df.empty:
+        return {}, False
+    warm = df["warmup"].fillna(False).astype(bool) if "warmup" in df.columns else pd.Series(False, index=df.index)
+    only_warmup = bool(warm.all())
+    out: dict[int, tuple[float, float]] = {}
+    for rank, mine in df.groupby("rank"):
+        mine_warm = warm.loc[mine.index]
+        first = mine[~mine_warm] if not only_warmup else mine
+        if first.empty:  # this rank never left warm-up while others did: no measured window
+            continue
+        t0 = float(first["t_start"].min())
+        t1 = float(mine["t_end"].max())
+        if t1 > t0:
+            out[int(rank)] = (t0, t1)
+    return out, only_warmup
+
+
+def _in_measured_window(system: pd.DataFrame, steps: pd.DataFrame | None, notes: list[str]) -> pd.DataFrame:
+    windows, only_warmup = measured_windows(steps)
+    if not windows:
+        notes.append("system statistics use every system sample (start-up and teardown included): "
+                     "no step records give a measured window")
+        return system
+    t = pd.to_numeric(system["t"], errors="coerce")
+    keep = pd.Series(False, index=system.index)
+    for rank, (t0, t1) in windows.items():
+        keep |= (system["rank"] == rank) & (t >= t0) & (t <= t1)
+    if not keep.any():
+        notes.append(f"system statistics use every system sample (start-up and teardown included): "
+                     f"none of the {len(system)} samples fall inside the measured steps "
+                     f"(a run shorter than profiler.system_interval_s?)")
+        return system
+    if only_warmup:
+        notes.append("system statistics cover the warm-up steps: every step record is a warm-up step")
+    outside = sorted(set(system["rank"].dropna().astype(int)) - set(windows))
+    if outside:
+        notes.append(f"system samples of rank(s) {outside} left out of system statistics: "
+                     "no measured step records on them")
+    return system[keep]
 
 
 def _col_max_by_rank(df: pd.DataFrame, col: str) -> dict[int, int]:

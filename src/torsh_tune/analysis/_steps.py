@@ -52,6 +52,11 @@ def step_stats(steps: pd.DataFrame) -> StepStats | None:
     q25, q75, p90 = np.quantile(global_s, [0.25, 0.75, 0.9])
     median_s = float(global_s.median())
     samples_per_step = float(samples.median())
+    clocks = set(steps["clock"].dropna().astype(str)) if "clock" in steps else set()
+    known = samples_per_step > 0
+    note = None if known else (
+        "samples per step are unknown: no forward of the trained module saw a batch tensor and no DataLoader "
+        "was iterated (call torsh_tune.count_tokens, or iterate a DataLoader); throughput is in steps/s")
     return StepStats(
         num_steps=int(len(global_s)),
         median_step_s=median_s,
@@ -60,22 +65,41 @@ def step_stats(steps: pd.DataFrame) -> StepStats | None:
         std_step_s=float(global_s.std(ddof=0)),
         iqr_step_s=float(q75 - q25),
         samples_per_step=samples_per_step,
-        throughput_samples_s=samples_per_step / median_s if median_s > 0 else 0.0,
+        throughput_samples_s=(samples_per_step / median_s if median_s > 0 else 0.0) if known else None,
+        steps_per_s=1.0 / median_s if median_s > 0 else 0.0,
+        throughput_note=note,
+        clock="device" if clocks == {"device"} else "host" if clocks <= {"host"} else "mixed",
     )
 
 
 def phase_frame(steps: pd.DataFrame) -> pd.DataFrame:
-    """Per record: rank, step, step_s and the PHASES columns (seconds), summing to step_s."""
+    """Per record: rank, step, step_s and the PHASES columns (seconds), summing to step_s.
+
+    Forward, backward and optimizer times include the communication the step waited for
+    inside them (DDP's last buckets in the backward, FSDP's all-gathers in the forward);
+    records say how much (`<phase>_exposed_comm_s`), and only the rest is compute. Older
+    records without those fields put all exposed communication in the backward.
+    """
     f = steps[["rank", "step"]].copy()
-    num = {c: pd.to_numeric(steps[c], errors="coerce").fillna(0.0).astype(float) for c in
-           ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s", "exposed_comm_s")}
-    f["step_s"] = num["step_s"]
-    f["data"] = num["data_s"]
-    f["forward"] = num["forward_s"]
-    # backward_s includes the communication DDP waits for; only the rest is compute.
-    f["backward_compute"] = (num["backward_s"] - num["exposed_comm_s"]).clip(lower=0.0)
-    f["exposed_comm"] = num["exposed_comm_s"]
-    f["optimizer"] = num["optimizer_s"]
+
+    def num(col: str) -> pd.Series:
+        if col not in steps:
+            return pd.Series(0.0, index=steps.index)
+        return pd.to_numeric(steps[col], errors="coerce").fillna(0.0).astype(float)
+
+    exposed = num("exposed_comm_s")
+    if "backward_exposed_comm_s" in steps:
+        in_fwd, in_bwd, in_opt = num("forward_exposed_comm_s"), num("backward_exposed_comm_s"), num("optimizer_exposed_comm_s")
+        old = steps["backward_exposed_comm_s"].isna()
+        in_bwd = in_bwd.where(~old, exposed)
+    else:
+        in_fwd, in_bwd, in_opt = 0.0 * exposed, exposed, 0.0 * exposed
+    f["step_s"] = num("step_s")
+    f["data"] = num("data_s")
+    f["forward"] = (num("forward_s") - in_fwd).clip(lower=0.0)
+    f["backward_compute"] = (num("backward_s") - in_bwd).clip(lower=0.0)
+    f["exposed_comm"] = exposed
+    f["optimizer"] = (num("optimizer_s") - in_opt).clip(lower=0.0)
     known = f[["data", "forward", "backward_compute", "exposed_comm", "optimizer"]].sum(axis=1)
     f["other"] = (f["step_s"] - known).clip(lower=0.0)
     return f

@@ -22,6 +22,8 @@ __all__ = [
     "MemoryStats",
     "Recommendation",
     "RunAnalysis",
+    "SELF_CHECK_METRICS",
+    "SelfCheck",
     "StepStats",
     "StragglerStats",
     "SystemStats",
@@ -43,6 +45,13 @@ SEVERITIES = ("critical", "high", "medium", "low")
 EFFORTS = ("low", "medium", "high")
 #: Step phases of `Breakdown`, in display order; they sum to the step time.
 PHASES = ("data", "forward", "backward_compute", "exposed_comm", "optimizer", "other")
+#: What `SelfCheck` compares: (metric, label, unit of its difference: "pct" of the trace's value or "pp").
+SELF_CHECK_METRICS = (
+    ("step", "step time", "pct"),
+    ("compute", "compute share", "pp"),
+    ("comm", "communication share", "pp"),
+    ("exposed_comm", "exposed communication share", "pp"),
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +99,10 @@ class StepStats:
     std_step_s: float
     iqr_step_s: float
     samples_per_step: float  # global (all ranks)
-    throughput_samples_s: float  # global, samples_per_step / median_step_s
+    throughput_samples_s: float | None  # global, samples_per_step / median_step_s; None when samples are unknown
+    steps_per_s: float = 0.0  # 1 / median_step_s: the throughput that is always known
+    throughput_note: str | None = None  # why samples/s is unknown, when it is
+    clock: str = "host"  # of step_s: "device" (CUDA events) or "host"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +167,32 @@ class SystemStats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SelfCheck:
+    """The always-on numbers beside one deep-trace window's numbers for the same steps.
+
+    Rows (`per_rank`, and `overall`: the mean of ranks, rank None) hold, for the compared
+    steps: ``num_steps``; ``always_on_step_s`` / ``trace_step_s`` (medians) and
+    ``step_diff_pct`` (% of the trace's); ``always_on_<m>_pct`` / ``trace_<m>_pct`` (% of the
+    step time, summed over the steps) and ``<m>_diff_pp`` (always-on minus trace, percentage
+    points) for m in compute, comm, exposed_comm; the clocks: ``always_on_clock`` ("host" or
+    "device", as the step records say; "host" when ``always_on_clock_recorded`` is False),
+    ``trace_clock`` of the shares ("device": GPU kernels, "host": CPU operators) and
+    ``trace_step_clock`` (host: ``ProfilerStep#`` spans).
+    """
+
+    window: str  # trace directory name under RUN/traces
+    start_step: int  # first and last step compared (inclusive)
+    end_step: int
+    device: str  # "gpu" or "cpu": what the trace's timeline holds
+    threshold_pp: float  # [thresholds] selfcheck_pp (the step time: %)
+    per_rank: tuple[dict[str, Any], ...]
+    overall: dict[str, Any]
+    # Differences beyond the threshold, one per metric: metric, unit, diff (of the row shown in
+    # the message), overall_diff, threshold, ranks beyond it, start_step, end_step, message.
+    findings: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunAnalysis:
     """Everything `analyze_run` learned about one run directory."""
 
@@ -179,3 +217,5 @@ class RunAnalysis:
     advice: tuple[dict[str, Any], ...] = ()
     # Intervals where a metric stayed past an alert threshold (`find_alerts`), most severe first.
     alerts: tuple[Any, ...] = ()
+    # Per deep-trace window, the always-on numbers checked against the trace's (`run_self_checks`).
+    self_check: tuple[SelfCheck, ...] = ()

@@ -83,12 +83,17 @@ class Measurement:
 
 
 def throughput_unit(steps: pd.DataFrame) -> str:
-    """"tokens/s" when every measured step record counted tokens (`torsh_tune.count_tokens`), else "samples/s"."""
-    if steps.empty or "tokens" not in steps.columns:
+    """"tokens/s" when every measured step record counted tokens (`torsh_tune.count_tokens`), "steps/s" when
+    no record knows its samples (no batch tensor seen), else "samples/s"."""
+    if steps.empty:
         return "samples/s"
     kept = steps[~steps["warmup"].fillna(False).astype(bool)]
-    tokens = pd.to_numeric(kept["tokens"], errors="coerce")
-    return "tokens/s" if len(kept) and bool((tokens > 0).all()) else "samples/s"
+    if "tokens" in steps.columns:
+        tokens = pd.to_numeric(kept["tokens"], errors="coerce")
+        if len(kept) and bool((tokens > 0).all()):
+            return "tokens/s"
+    samples = pd.to_numeric(kept["samples"], errors="coerce") if "samples" in kept else pd.Series(dtype=float)
+    return "steps/s" if len(kept) and not bool((samples > 0).any()) else "samples/s"
 
 
 def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | None = None) -> pd.Series:
@@ -107,10 +112,13 @@ def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, un
     kept = steps[~steps["warmup"].fillna(False).astype(bool)]
     if kept.empty:
         return pd.Series(dtype=float)
-    column = "tokens" if (unit or throughput_unit(steps)) == "tokens/s" else "samples"
+    unit = unit or throughput_unit(steps)
     by_step = kept.groupby("step")
     step_s = by_step["step_s"].max().astype(float)
-    samples = by_step[column].sum().astype(float)
+    if unit == "steps/s":
+        samples = pd.Series(1.0, index=step_s.index)
+    else:
+        samples = by_step["tokens" if unit == "tokens/s" else "samples"].sum().astype(float)
     ok = step_s > 0
     if num_ranks is not None:
         ranks = by_step["rank"].nunique() if "rank" in kept.columns else by_step.size()

@@ -2,10 +2,15 @@
 
 It is launched like any user script (torchrun + bootstrap), so the process group is set up
 with the run's configured backend. For every collective and message size: `warmup`
-untimed iterations, then `iters` timed ones, each preceded by a barrier so every rank
-starts together; the per-iteration times of all ranks are combined with one MAX
-all-reduce after the timed loop (not inside it, so the reduction does not perturb what is
-measured). The time of an iteration is the slowest rank's, as in nccl-tests.
+untimed iterations, one barrier so every rank starts together, then `iters` timed
+iterations back to back and one wait at the end, as nccl-tests does: a barrier or a
+synchronize inside the loop would add its own latency to every small message. On CUDA
+the clock is CUDA events recorded on the stream between the iterations (device time, read
+after the loop); on CPU (gloo, whose collectives return when done) it is the host's
+perf_counter. Each rank's per-iteration times are gathered after the loop (not inside it,
+so the exchange does not perturb what is measured) and the slowest rank's loop counts, as
+in nccl-tests: `time_s` is its per-iteration mean (loop time / iters), `time_min_s` ..
+`time_max_s` and the quartiles the spread of its iterations.
 
 Message size follows nccl-tests: the size of the largest buffer a rank touches (the
 all-reduce/broadcast buffer, the all-gather output, the reduce-scatter input, the
@@ -66,6 +71,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _timed_loop(op, iters: int, device: torch.device) -> list[float]:
+    """Seconds of each of `iters` back-to-back runs of `op`, with one wait at the end.
+
+    CUDA: events recorded on the current stream between the runs (device time; a c10d
+    collective makes the current stream wait for its NCCL stream, so an event after the
+    call completes after the collective). CPU: perf_counter between the runs (the host
+    time, which there is the work's time).
+    """
+    if device.type == "cuda":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+        events[0].record()
+        for i in range(iters):
+            op()
+            events[i + 1].record()
+        events[-1].synchronize()
+        return [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(iters)]
+    stamps = [time.perf_counter()]
+    for _ in range(iters):
+        op()
+        stamps.append(time.perf_counter())
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def _clock(device: torch.device) -> str:
+    return "device (CUDA events)" if device.type == "cuda" else "host (perf_counter)"
+
+
 def _make_op(name: str, size_bytes: int, n: int, device: torch.device, group):
     """A zero-argument closure running one `name` collective of `size_bytes` (nccl-tests sizing)."""
     # Every rank-sliced collective needs a count divisible by the group size.
@@ -104,7 +136,6 @@ def _measure(name: str, size_bytes: int, *, iters: int, warmup: int, max_time_s:
     n = dist.get_world_size(group)
     row = {"collective": name, "level": level, "group_size": n, "size_bytes": size_bytes, "count": None,
            "dtype": "float32", "iters": iters, "status": "ok", "error": None}
-    times = torch.zeros(iters, dtype=torch.float64, device=device)
     failed = torch.zeros(1, dtype=torch.float64, device=device)
     try:
         count, op = _make_op(name, size_bytes, n, device, group)
@@ -119,14 +150,9 @@ def _measure(name: str, size_bytes: int, *, iters: int, warmup: int, max_time_s:
         dist.all_reduce(estimate, op=dist.ReduceOp.MAX, group=group)
         iters = max(min(iters, int(max_time_s / max(estimate.item(), 1e-9))), min(iters, 3))
         row["iters"] = iters
-        host_times = []
-        for _ in range(iters):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            op()
-            _sync(device)
-            host_times.append(time.perf_counter() - t0)
-        times = torch.tensor(host_times, dtype=torch.float64, device=device)
+        _sync(device)  # nothing of the warm-up left on the stream
+        dist.barrier(group=group)  # once: every rank starts the loop together
+        times = torch.tensor(_timed_loop(op, iters, device), dtype=torch.float64, device=device)
     except (RuntimeError, NotImplementedError, ValueError) as exc:
         # A backend without this collective (or this size) fails on every rank alike; record
         # it instead of inventing a number. The MAX below keeps ranks in step either way.
@@ -138,14 +164,18 @@ def _measure(name: str, size_bytes: int, *, iters: int, warmup: int, max_time_s:
         for key in ("time_s", "time_min_s", "time_max_s", "time_p25_s", "time_p75_s", "algbw_gbps", "busbw_gbps"):
             row[key] = None
         return row
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-    slowest = sorted(times.cpu().tolist())
-    median_s = statistics.median(slowest)
+    # Without a barrier per iteration the ranks' iterations do not line up one to one;
+    # the slowest rank's whole loop is the collective's time (nccl-tests' max over ranks).
+    per_rank = [torch.empty_like(times) for _ in range(n)]
+    dist.all_gather(per_rank, times, group=group)
+    loops = [t.cpu().tolist() for t in per_rank]
+    slowest = sorted(max(loops, key=sum))
+    mean_s = sum(slowest) / len(slowest)
     actual_bytes = row["count"] * _ELEM_BYTES
     row["size_bytes"] = actual_bytes
-    algbw = actual_bytes / median_s / 1e9 if median_s > 0 else None
+    algbw = actual_bytes / mean_s / 1e9 if mean_s > 0 else None
     row.update(
-        time_s=median_s, time_min_s=slowest[0], time_max_s=slowest[-1],
+        time_s=mean_s, time_min_s=slowest[0], time_max_s=slowest[-1],
         time_p25_s=_quantile(slowest, 0.25), time_p75_s=_quantile(slowest, 0.75),
         algbw_gbps=algbw, busbw_gbps=None if algbw is None else algbw * bus_factor(name, n),
     )
@@ -160,13 +190,7 @@ def _copy_ceiling(nbytes: int, device: torch.device, iters: int = 10) -> dict:
     for _ in range(2):
         dst.copy_(src)
     _sync(device)
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        samples.append(time.perf_counter() - t0)
-    median_s = statistics.median(samples)
+    median_s = statistics.median(_timed_loop(lambda: dst.copy_(src), iters, device))
     return {"bytes": count * _ELEM_BYTES, "time_s": median_s, "copy_gbps": count * _ELEM_BYTES / median_s / 1e9,
             "device": str(device), "threads": torch.get_num_threads()}
 
@@ -182,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     nnodes = max(world // max(local_world, 1), 1)
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        # With one GPU visible per rank (CUDA_VISIBLE_DEVICES) LOCAL_RANK can exceed the count.
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
 
     # Ranks measure the copy ceiling one after another: on a shared host, concurrent
@@ -233,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             "topology": topology.to_dict(),
             "iters": args.iters,
             "warmup": args.warmup,
+            "timing": {"loop": "back-to-back iterations after one barrier; time_s = per-iteration mean "
+                               "of the slowest rank's loop",
+                       "clock": _clock(device)},
             "torch_version": torch.__version__,
             "memcopy": {"per_rank": all_copies,
                         "copy_gbps": statistics.median(c["copy_gbps"] for c in all_copies)},

@@ -16,6 +16,7 @@ Pure Python (no torch): the launcher, the bench worker and the reports can all c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -119,8 +120,22 @@ def _infiniband_facts(sys_root: Path) -> list[Fact]:
     return facts
 
 
+_GPU_COLUMN = re.compile(r"GPU\d+")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # nvidia-smi underlines the header on some versions
+
+
+def _topo_cells(line: str) -> list[str]:
+    # nvidia-smi separates columns with tabs ("CPU Affinity" holds a space); a copy that
+    # lost its tabs still splits right for the GPU columns, which come first.
+    return [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
+
+
 def parse_nvidia_smi_topo(text: str) -> dict[str, Any]:
     """GPU-to-GPU link kinds from `nvidia-smi topo -m`.
+
+    Only the `GPU<n>` columns are links between GPUs; the NIC columns and the trailing
+    "CPU Affinity", "NUMA Affinity" and "GPU NUMA ID" columns are not, nor are the NIC
+    rows and the legend.
 
     Returns:
         {"gpus": [...], "pairs": {"GPU0-GPU1": "NV12", ...}, "links": "nvlink" | "pcie" | "mixed" | None}
@@ -130,22 +145,30 @@ def parse_nvidia_smi_topo(text: str) -> dict[str, Any]:
         >>> parse_nvidia_smi_topo("\\tGPU0\\tGPU1\\nGPU0\\t X \\tNV12\\nGPU1\\tNV12\\t X \\n")["links"]
         'nvlink'
     """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
+    lines = [_ANSI.sub("", ln) for ln in text.splitlines() if ln.strip()]
+    columns: dict[str, int] = {}  # GPU<n> -> its position among the cells after the row label
+    for i, line in enumerate(lines):
+        cells = _topo_cells(line)
+        if cells and cells[0] == "":  # the header starts with a separator where rows have a label
+            cells = cells[1:]
+        found = {c: j for j, c in enumerate(cells) if _GPU_COLUMN.fullmatch(c)}
+        if found and "X" not in cells:  # every GPU row has its "X" (self); the header has none
+            columns, rows = found, lines[i + 1:]
+            break
+    else:
         return {"gpus": [], "pairs": {}, "links": None}
-    header = [h for h in lines[0].split() if h.startswith("GPU")]
     pairs: dict[str, str] = {}
-    for line in lines[1:]:
-        cells = line.split()
-        if not cells or not cells[0].startswith("GPU") or cells[0] not in header:
+    for line in rows:
+        cells = _topo_cells(line)
+        if not cells or cells[0] not in columns:
             continue
-        for other, cell in zip(header, cells[1:1 + len(header)]):
-            if other != cells[0] and cell != "X":
-                key = "-".join(sorted((cells[0], other)))
-                pairs[key] = cell
+        for other, j in columns.items():
+            cell = cells[1 + j] if 1 + j < len(cells) else ""
+            if other != cells[0] and cell and cell != "X":
+                pairs["-".join(sorted((cells[0], other), key=lambda g: int(g[3:])))] = cell
     kinds = {"nvlink" if v.startswith("NV") else "pcie" for v in pairs.values()}
     links = None if not kinds else (kinds.pop() if len(kinds) == 1 else "mixed")
-    return {"gpus": header, "pairs": pairs, "links": links}
+    return {"gpus": list(columns), "pairs": pairs, "links": links}
 
 
 def _gpu_facts() -> list[Fact]:

@@ -93,19 +93,21 @@ class RunRow:
 
 @functools.cache
 def _column_kinds(kind: str) -> dict[str, str]:
-    """column -> key | number | bool | str, from the record dataclass's annotations."""
+    """column -> key | number | bool | str | list, from the record dataclass's annotations."""
     hints = typing.get_type_hints(RECORD_KINDS[kind])
     out = {}
     for col in columns_of(kind):
         args = set(typing.get_args(hints[col])) or {hints[col]}
         args.discard(type(None))
-        out[col] = ("key" if col in _KEYS else "bool" if args == {bool} else "str" if args == {str} else "number")
+        out[col] = ("key" if col in _KEYS else "bool" if args == {bool} else "str" if args == {str}
+                    else "list" if any(typing.get_origin(a) is list for a in args) else "number")
     return out
 
 
 @functools.cache
 def _arrow_schema(kind: str) -> pa.Schema:
-    types = {"key": pa.int64(), "number": pa.float64(), "bool": pa.bool_(), "str": pa.string()}
+    types = {"key": pa.int64(), "number": pa.float64(), "bool": pa.bool_(), "str": pa.string(),
+             "list": pa.list_(pa.int64())}
     return pa.schema([(c, types[k]) for c, k in _column_kinds(kind).items()])
 
 
@@ -118,6 +120,9 @@ def _conform(df: pd.DataFrame, kind: str) -> pd.DataFrame:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
         elif k == "bool":
             df[col] = df[col].map(lambda v: v if isinstance(v, (bool, np.bool_)) else None).astype(object)
+        elif k == "list":
+            df[col] = df[col].map(lambda v: [int(x) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else None
+                                  ).astype(object)
         else:
             df[col] = df[col].map(lambda v: v if isinstance(v, str) else None).astype(object)
     key = [c for c in _KEYS if c in kinds]

@@ -1,8 +1,18 @@
 """Per-step accounting on the training thread: phases, samples, loss, memory, communication.
 
-The patches in `runtime` call the `on_*` methods; `end_step` turns what accumulated into one
-StepRecord line and the step's CommRecord lines. Everything here runs on the hot path, so it
-keeps to float arithmetic and list appends (the record is serialised once per step).
+The patches in `runtime` call the `on_*` methods; `end_step` closes a step, and the step's
+StepRecord line and its CommRecord lines are written once they can be known:
+
+- Host clock (CPU, or before the run is known to train on CUDA): at once, or one step
+  later where DDP's builtin all-reduce is timed by the reducer's own timers (reported at
+  the next forward).
+- Device clock (training on CUDA): every phase boundary is a CUDA event on the current
+  stream; a step is written when its last event has completed (`query()`, usually a step
+  or two later), never by synchronizing. Its phases, communication and exposed
+  communication are then device time; the host's launch times are kept beside them
+  (`host_*_s`) and the record's `clock` says which is which.
+
+Everything here runs on the hot path, so it keeps to float arithmetic and list appends.
 """
 
 from __future__ import annotations
@@ -11,9 +21,12 @@ import collections
 import resource
 from typing import Any, Callable
 
+from ._device import DeviceEvents
 from .writer import RecordWriter
 
 __all__ = ["StepTracker"]
+
+_PHASES = ("forward", "backward", "optimizer")
 
 
 class StepTracker:
@@ -35,13 +48,26 @@ class StepTracker:
         self._loss_every = loss_every
         self._peak_memory = peak_memory or _peak_rss_bytes
         self._t_start: float | None = None
-        self._pending: tuple[dict[str, Any], list[dict[str, Any]]] | None = None
         self._comm_seq = 0
-        # Completed collectives arrive from communication threads; deque appends are atomic.
-        self.comm_done: collections.deque[tuple] = collections.deque()
-        # (step, seq) -> (step-level CommRecords, exposed comm s) of collectives no hook timed.
+        # Completed collectives (or device-pending ones) arrive here, also from communication
+        # threads; deque appends are atomic.
+        self.comm_done: collections.deque[dict[str, Any]] = collections.deque()
+        # (step, seq) -> (step-level CommRecords, exposed comm s) of collectives no hook timed
+        # (DDP's builtin all-reduce, from the reducer's timers: host clock only).
         self.step_comm: Callable[[int, int], tuple[list[dict[str, Any]], float]] | None = None
+        # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
+        self.device_events: DeviceEvents | None = None
+        self._start_event: Any = None
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._late: list[dict[str, Any]] = []  # device-clock collectives of steps already written
         self._reset()
+
+    def use_device_clock(self, peak_memory: Callable[[], int] | None = None) -> None:
+        """From the next step on, measure phases and NCCL collectives on the CUDA device."""
+        if self.device_events is None:
+            self.device_events = DeviceEvents()
+            if peak_memory is not None:
+                self._peak_memory = peak_memory
 
     def _reset(self) -> None:
         self.data_s = 0.0
@@ -52,28 +78,38 @@ class StepTracker:
         self.loader_samples = 0
         self.tokens = 0
         self.microbatches = 0
+        self._backwards = 0
         self._loss: Any = None
         self._bucket_in_step = 0
+        # (phase, host t0, host t1, start event, end event); events are None on the host clock.
+        self._marks: list[tuple[str, float, float, Any, Any]] = []
 
     # -- phase hooks (training thread) ----------------------------------------------
     def mark_activity(self, t: float) -> None:
         if self._t_start is None:
             self._t_start = t
+            if self.device_events is not None and self._start_event is None:
+                self._start_event = self.device_events.record()
 
     def restart_clock(self, t: float) -> None:
         """Start the current step at `t` (time spent between steps, e.g. exporting a trace, is not the step's)."""
         self._t_start = t
+        if self.device_events is not None:
+            if self._start_event is not None:
+                self.device_events.release(self._start_event)
+            self._start_event = self.device_events.record()
 
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
         self.mark_activity(t0)
         self.data_s += t1 - t0
         self.loader_samples += batch_size
 
-    def on_forward(self, t0: float, t1: float, batch_size: int) -> None:
+    def on_forward(self, t0: float, t1: float, batch_size: int, events: tuple[Any, Any] | None = None) -> None:
         self.mark_activity(t0)
         self.forward_s += t1 - t0
         self.samples += batch_size
         self.microbatches += 1
+        self._marks.append(("forward", t0, t1, *(events or (None, None))))
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
@@ -81,14 +117,17 @@ class StepTracker:
     def wants_loss(self) -> bool:
         return self.step % self._loss_every == 0
 
-    def on_backward(self, t0: float, t1: float, loss: Any) -> None:
+    def on_backward(self, t0: float, t1: float, loss: Any, events: tuple[Any, Any] | None = None) -> None:
         self.mark_activity(t0)
         self.backward_s += t1 - t0
+        self._backwards += 1
         if loss is not None:
             self._loss = loss
+        self._marks.append(("backward", t0, t1, *(events or (None, None))))
 
-    def on_optimizer(self, t0: float, t1: float) -> None:
+    def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
         self.optimizer_s += t1 - t0
+        self._marks.append(("optimizer", t0, t1, *(events or (None, None))))
 
     def next_comm(self) -> tuple[int, int, int]:
         """(step, seq, bucket index within the step) for a collective issued now."""
@@ -97,29 +136,15 @@ class StepTracker:
         self._bucket_in_step += 1
         return self.step, seq, bucket
 
+    def on_collective(self, record: dict[str, Any]) -> None:
+        """A collective completed (host clock) or was enqueued with its events (device clock); any thread."""
+        self.comm_done.append(record)
+
     # -- step end --------------------------------------------------------------------
     def end_step(self, t_end: float) -> int:
-        """Write the step's records; return the number of completed steps."""
+        """Close the step; write what can be written; return the number of completed steps."""
         t_start = self._t_start if self._t_start is not None else t_end
-        comm = self._drain_comm()
-        comm_s, exposed_s = _comm_times(comm)
-        if self.step_comm is not None and self._pending is not None:
-            # DDP's timers of a step are collected at the next forward: what they report now
-            # belongs to the previous step, which is why that step's record is still pending.
-            prev, prev_comm = self._pending
-            untimed, untimed_exposed = self.step_comm(prev["step"], self._comm_seq)
-            if untimed:
-                self._comm_seq += len(untimed)
-                prev["comm_s"] += sum(c["duration_s"] for c in untimed)
-                exposed = max(prev["exposed_comm_s"], untimed_exposed)
-                prev["exposed_comm_s"] = min(exposed, prev["backward_s"]) if prev["backward_s"] else exposed
-                prev_comm.extend(untimed)
-        loss = None
-        if self._loss is not None:
-            try:
-                loss = float(self._loss)
-            except Exception:  # a non-scalar or freed tensor: no loss for this step
-                loss = None
+        loss = self._loss
         record = {
             "rank": self.rank,
             "step": self.step,
@@ -130,70 +155,207 @@ class StepTracker:
             "forward_s": self.forward_s,
             "backward_s": self.backward_s,
             "optimizer_s": self.optimizer_s,
-            "comm_s": comm_s,
-            "exposed_comm_s": min(exposed_s, self.backward_s) if self.backward_s else exposed_s,
+            "comm_s": 0.0,
+            "exposed_comm_s": 0.0,
             "samples": self.samples or self.loader_samples,
             "tokens": self.tokens or None,
-            "num_microbatches": self.microbatches,
-            "loss": loss,
+            "num_microbatches": self.microbatches or self._backwards,  # backwards, before the forward is probed
+            "loss": None,
             "peak_mem_bytes": self._peak_memory(),
             "warmup": self.step < self._warmup,
+            "clock": "host",
         }
-        self.flush_pending(t_end)
-        self._pending = (record, comm)
+        entry: dict[str, Any] = {"record": record, "comm": [], "loss": loss, "marks": self._marks,
+                                 "ddp_timers": self.step_comm is not None}
+        if self.device_events is not None and self._start_event is not None:
+            end_event = self.device_events.record()
+            entry["events"] = (self._start_event, end_event)
+            self._start_event = end_event  # the next step starts where this one ends
+        elif self.device_events is not None:
+            self._start_event = self.device_events.record()
+        self._queue.append(entry)
+        self._collect_comm()
+        self._write_ready(t_end)
         self.step += 1
         self._t_start = t_end
         self._reset()
         return self.step
 
-    def _drain_comm(self, *, wait: bool = False) -> list[dict[str, Any]]:
-        out, later = [], []
+    def _collect_comm(self) -> None:
+        """Hand the collectives that arrived to their steps' entries (late ones are written alone)."""
+        by_step = {e["record"]["step"]: e for e in self._queue}
         while self.comm_done:
             c = self.comm_done.popleft()
-            events = c.get("_events")
-            if events is not None:
-                start, end = events
-                if not wait and not end.query():  # still running on the device: next step
-                    later.append(c)
-                    continue
-                if wait:
-                    end.synchronize()
-                del c["_events"]
-                c["duration_s"] = start.elapsed_time(end) / 1000.0
-                c["t_complete"] = c["t_issue"] + c["duration_s"]
-            out.append(c)
-        self.comm_done.extendleft(reversed(later))
-        return out
+            entry = by_step.get(c["step"])
+            if entry is not None:
+                entry["comm"].append(c)
+            else:
+                self._write_late_comm(c)
+
+    def _write_late_comm(self, c: dict[str, Any]) -> None:
+        if c.get("clock") == "device" and not self._comm_events_done(c):
+            self._late.append(c)
+            return
+        self._finish_comm(c, None)
+        if self._writer is not None:
+            self._writer.write("comm", c)
+
+    def _ready(self, entry: dict[str, Any], *, newest: bool) -> bool:
+        if entry["ddp_timers"] and newest:
+            return False  # DDP reports a step's timers at the next forward
+        events = entry.get("events")
+        if events is not None and not events[1].query():
+            return False
+        return all(self._comm_events_done(c) for c in entry["comm"] if c.get("clock") == "device")
+
+    @staticmethod
+    def _comm_events_done(c: dict[str, Any]) -> bool:
+        end = c.get("_end")
+        return end is not None and end.query()
+
+    def _write_ready(self, t: float | None, *, wait: bool = False) -> None:
+        while self._queue:
+            entry = self._queue[0]
+            newest = len(self._queue) == 1
+            if wait:
+                _wait_for(entry)
+            elif not self._ready(entry, newest=newest):
+                break
+            self._queue.popleft()
+            self._finalize(entry, last=newest)
+            if self._writer is not None:
+                for c in entry["comm"]:
+                    self._writer.write("comm", c, t=t)
+                self._writer.write("steps", entry["record"], t=t)
+
+    def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
+        record, comm = entry["record"], entry["comm"]
+        if entry["ddp_timers"] and self.step_comm is not None and not last:
+            untimed, untimed_exposed = self.step_comm(record["step"], self._comm_seq)
+            self._comm_seq += len(untimed)
+            comm.extend(untimed)
+            entry["ddp_exposed"] = untimed_exposed
+        loss = entry["loss"]
+        if loss is not None:
+            try:
+                record["loss"] = float(loss)
+            except Exception:  # a non-scalar or freed tensor: no loss for this step
+                record["loss"] = None
+        events = entry.get("events")
+        if events is not None:
+            self._to_device_clock(entry, *events)
+        else:
+            for c in comm:
+                self._finish_comm(c, None)
+        if events is not None:
+            spans = [(p, record["t_start"] + s0, record["t_start"] + s1) for p, s0, s1 in entry["device_spans"]]
+        else:
+            spans = [(p, t0, t1) for p, t0, t1, _, _ in entry["marks"]]
+        spans = _own_spans(spans)
+        # A closure-style optimizer (Lightning's `optimizer.step(closure)`) runs forward and backward
+        # inside the optimizer step: the optimizer phase is what is left of it.
+        record["optimizer_s"] = sum(t1 - t0 for p, t0, t1 in spans if p == "optimizer")
+        comm_s, exposed, in_phase = _comm_times(comm, record, spans, entry.get("ddp_exposed", 0.0))
+        record["comm_s"], record["exposed_comm_s"] = comm_s, exposed
+        for phase in _PHASES:
+            record[phase + "_exposed_comm_s"] = in_phase[phase]
+
+    def _to_device_clock(self, entry: dict[str, Any], start: Any, end: Any) -> None:
+        """Phases and collectives of a completed step in device time, relative to its start event."""
+        ev = self.device_events
+        record = entry["record"]
+        for name in ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s"):
+            record["host_" + name] = record[name]
+        record["clock"] = "device"
+        record["step_s"] = max(0.0, ev.seconds(start, end))
+        sums = dict.fromkeys(_PHASES, 0.0)
+        first_forward = None
+        released = [start]
+        spans = []
+        for phase, _, _, e0, e1 in entry["marks"]:
+            if e0 is None or e1 is None:
+                continue
+            s0, s1 = ev.seconds(start, e0), ev.seconds(start, e1)
+            spans.append((phase, s0, s1))
+            sums[phase] += max(0.0, s1 - s0)
+            if phase == "forward" and first_forward is None:
+                first_forward = s0
+            released += (e0, e1)
+        entry["device_spans"] = spans
+        for phase in _PHASES:
+            record[phase + "_s"] = sums[phase]
+        # From the device's side, data is what it did (or idled for) before the first forward.
+        record["data_s"] = max(0.0, first_forward) if first_forward is not None else 0.0
+        for c in entry["comm"]:
+            self._finish_comm(c, start)
+        ev.release(*released)
+
+    def _finish_comm(self, c: dict[str, Any], step_start: Any) -> None:
+        """Device-clock collectives: duration and times on the step's device timeline (anchored at its host start)."""
+        start, end = c.pop("_start", None), c.pop("_end", None)
+        c.pop("_on_wait", None)
+        if start is None or end is None:
+            return
+        ev = self.device_events
+        c["duration_s"] = max(0.0, ev.seconds(start, end))
+        if step_start is not None:
+            c["_rel_start"] = ev.seconds(step_start, start)
+            c["_rel_end"] = ev.seconds(step_start, end)
+        ev.release(start, end)
 
     def flush_pending(self, t: float | None = None) -> None:
-        """Write the step record held back for DDP's lagging timers (all of it at the end of a run:
-        the last step's untimed all-reduce is never reported by DDP, its comm fields count hooks only)."""
-        if self._pending is None:
-            return
-        record, comm = self._pending
-        self._pending = None
-        if self._writer is not None:
-            for c in comm:
-                self._writer.write("comm", c, t=t)
-            self._writer.write("steps", record, t=t)
+        """Write every step still held (waits for device events; DDP's last step keeps hook-timed comm only)."""
+        self._collect_comm()
+        self._write_ready(t, wait=True)
 
     def flush_comm(self) -> None:
         """Write what is still held at the end of the run (waits for device events)."""
         self.flush_pending()
-        if self._writer is not None:
-            for c in self._drain_comm(wait=True):
+        for c in list(self._late):
+            _wait_comm(c)
+            self._finish_comm(c, None)
+            if self._writer is not None:
                 self._writer.write("comm", c)
+        self._late.clear()
 
 
-def _comm_times(comm: list[dict[str, Any]]) -> tuple[float, float]:
-    """(union of collective intervals, time after the last issue until the last completion).
+def _wait_for(entry: dict[str, Any]) -> None:
+    events = entry.get("events")
+    if events is not None:
+        events[1].synchronize()
+    for c in entry["comm"]:
+        _wait_comm(c)
 
-    DDP launches buckets in index order once their gradients are ready, so the last issue is
-    when backward compute ended; whatever communication is still running after it is exposed.
-    """
-    if not comm:
-        return 0.0, 0.0
-    spans = sorted((c["t_issue"], c["t_complete"]) for c in comm)
+
+def _wait_comm(c: dict[str, Any]) -> None:
+    end = c.get("_end")
+    if end is not None:
+        end.synchronize()
+
+
+def _own_spans(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """Phase spans with the optimizer's cut around the forwards and backwards that ran inside it."""
+    inner = sorted((t0, t1) for p, t0, t1 in spans if p != "optimizer")
+    out = [s for s in spans if s[0] != "optimizer"]
+    for p, t0, t1 in spans:
+        if p != "optimizer":
+            continue
+        cur = t0
+        for a, b in inner:
+            if b <= cur or a >= t1:
+                continue
+            if a > cur:
+                out.append((p, cur, a))
+            cur = max(cur, b)
+        if cur < t1:
+            out.append((p, cur, t1))
+    return out
+
+
+def _union(spans: list[tuple[float, float]]) -> float:
+    if not spans:
+        return 0.0
+    spans = sorted(spans)
     total, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
     for s, e in spans[1:]:
         if s > cur_e:
@@ -201,10 +363,69 @@ def _comm_times(comm: list[dict[str, Any]]) -> tuple[float, float]:
             cur_s, cur_e = s, e
         elif e > cur_e:
             cur_e = e
-    total += cur_e - cur_s
-    last_issue = max(c["t_issue"] for c in comm)
-    last_complete = max(c["t_complete"] for c in comm)
-    return total, max(0.0, last_complete - last_issue)
+    return total + cur_e - cur_s
+
+
+def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list[tuple[str, float, float]],
+                ddp_exposed: float) -> tuple[float, float, dict[str, float]]:
+    """(union of the step's collective intervals, exposed communication, exposed comm inside each phase).
+
+    Exposed communication is what the step waited for:
+    - DDP buckets are launched in index order once their gradients are ready, so the last
+      issue is when backward compute ended; whatever runs after it is exposed (the reducer's
+      timers say the same for the builtin all-reduce). It lies inside the backward.
+    - Any other collective (FSDP, pipeline, a script's own call): on the host clock, the
+      time the training thread blocked in it (a synchronous call, or `Work.wait()`); on
+      the device clock, a synchronous collective on the default stream holds that stream
+      for its whole duration, one issued on a side stream (FSDP2's) overlaps.
+    Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
+    the record's timeline), so that phase compute = phase time - its exposed comm.
+    Rewrites each device-clock record's t_start/t_complete onto the step's device timeline
+    (anchored at the step's host start).
+    """
+    device = record["clock"] == "device"
+    spans: list[tuple[float, float]] = []
+    ddp: list[tuple[float, float]] = []
+    blocked: list[tuple[float, float]] = []
+    for c in comm:
+        if c.get("duration_s") is None:
+            continue
+        if device and "_rel_start" in c:
+            s = record["t_start"] + c.pop("_rel_start")
+            e = record["t_start"] + c.pop("_rel_end")
+            c["t_start"], c["t_complete"] = s, e
+        else:
+            s = c["t_issue"]
+            e = c.get("t_complete") or s + c["duration_s"]
+        spans.append((s, e))
+        if c.get("hook") == "builtin":
+            continue  # the reducer's one record per step: its exposure is `ddp_exposed` (comm end - compute end)
+        if c.get("issuer", "ddp") == "ddp":
+            ddp.append((s, e))
+        elif device:
+            if c.get("clock") == "device" and c.get("stream") == "default" and not c.get("async_op"):
+                blocked.append((s, e))
+        elif c.get("blocked_s"):
+            # A synchronous call blocks from its issue; a wait() blocks until the completion.
+            b = c["blocked_s"]
+            blocked.append((s, s + b) if not c.get("async_op") else (e - b, e))
+    in_phase = dict.fromkeys(_PHASES, 0.0)
+    ddp_s = ddp_exposed
+    if ddp:
+        ddp_s = max(ddp_s, max(e for _, e in ddp) - max(s for s, _ in ddp))
+    if record["backward_s"]:
+        ddp_s = min(ddp_s, record["backward_s"])
+    in_phase["backward"] += ddp_s
+    exposed = ddp_s + sum(e - s for s, e in blocked)
+    for s, e in blocked:
+        for phase, p0, p1 in phases:
+            overlap = min(e, p1) - max(s, p0)
+            if overlap > 0:
+                in_phase[phase] += overlap
+    total = _union(spans)
+    if record["step_s"] > 0:
+        exposed = min(exposed, record["step_s"])
+    return total, max(0.0, exposed), in_phase
 
 
 def _peak_rss_bytes() -> int:

@@ -96,7 +96,7 @@ class TraceWindows:
         run_dir: RunDir,
         rank: int,
         world_size: int,
-        cuda: bool = False,
+        cuda: bool | Callable[[], bool] = False,
         warmup_steps: int = 0,
         note: Callable[[str], None] | None = None,
         restart_step_clock: Callable[[float], None] | None = None,
@@ -219,7 +219,7 @@ class TraceWindows:
     def _begin(self, window: _Window, t: float) -> None:
         t0 = time.perf_counter()
         try:
-            window.prof = _make_profiler(self._cfg, self._cuda)
+            window.prof = _make_profiler(self._cfg, self._cuda() if callable(self._cuda) else self._cuda)
             # The first ProfilerStep# annotation carries the window's first step index.
             window.prof.step_num = window.start
             with _quiet_stderr():

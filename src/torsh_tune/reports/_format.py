@@ -21,6 +21,7 @@ __all__ = [
     "fmt_value",
     "gain_text",
     "migration_cell",
+    "throughput_text",
 ]
 
 #: Display names of the breakdown phases.
@@ -205,6 +206,15 @@ def fmt_samples_s(value: float | None, unit: str = "samples/s") -> str:
     if value is None:
         return "–"
     return f"{value:,.1f} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+
+
+def throughput_text(summary: dict[str, Any]) -> str:
+    """A run summary's throughput: samples/s, or steps/s when the samples per step are unknown."""
+    t = summary.get("throughput_samples_s")
+    if t is not None:
+        return f"{t:,.1f} samples/s" if t < 100 else f"{t:,.0f} samples/s"
+    steps = summary.get("steps_per_s")
+    return "–" if not steps else f"{steps:,.2f} steps/s (samples unknown)"
 
 
 def fmt_param(value: Any) -> str:

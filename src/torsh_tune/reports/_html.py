@@ -15,6 +15,7 @@ from typing import Any
 
 from ..analysis import RunAnalysis, RunFrames
 from ._format import (
+    throughput_text,
     ADVICE_INPUT_LABELS,
     PHASE_LABELS,
     advice_common_reasons,
@@ -27,7 +28,7 @@ from ._format import (
     fmt_value,
     gain_text,
 )
-from ._info import ALERT_COLUMNS, ReportInfo, alert_cells, build_report_info
+from ._info import ALERT_COLUMNS, ReportInfo, alert_cells, build_report_info, self_check_clocks, self_check_table
 from ._json import _write_atomic
 from ._patch import patch_to_dotted, patch_to_toml
 
@@ -107,6 +108,7 @@ def render_html(
     parts += _breakdown(info)
     parts += _bottlenecks(info)
     parts += _alerts(info)
+    parts += _self_check(info)
     parts += _recommendations(info)
     parts += _strategy_advice(info)
     parts += _figures(frames, max_points)
@@ -149,10 +151,9 @@ def _summary(info: ReportInfo) -> list[str]:
     s = info.summary
     if s is None:
         return out + ["<p>No measured steps were recorded.</p>"]
-    t = s.get("throughput_samples_s")
     kpis = [
         ("median step", fmt_s(s.get("median_step_s"))),
-        ("throughput", "–" if t is None else f"{t:,.1f} samples/s" if t < 100 else f"{t:,.0f} samples/s"),
+        ("throughput", throughput_text(s)),
         ("p90 step", fmt_s(s.get("p90_step_s"))),
         ("spread (IQR)", f"{fmt_s(s.get('iqr_step_s'))} ({fmt_pct(s.get('iqr_pct'))})"),
         ("measured steps", fmt_value("num_steps", s.get("num_steps"))),
@@ -224,6 +225,43 @@ def _alerts(info: ReportInfo) -> list[str]:
                    f"{_e(cells['severity'])}</span></td>"
                    + "".join(f"<td>{_e(cells[c])}</td>" for c in ALERT_COLUMNS[1:]) + "</tr>")
     return out + ["</table>"]
+
+
+_SELF_CHECK_MAX_RANKS = 64  # rank rows per window; report.json has them all
+
+
+def _self_check(info: ReportInfo) -> list[str]:
+    if not info.self_check:
+        return []
+    out = ['<h2 id="self-check">Self-check against the traces</h2>',
+           "<p>The always-on numbers beside each deep-trace window's numbers for the same steps "
+           "(always-on / trace, difference: always-on minus trace).</p>"]
+    for check in info.self_check:
+        ranks = len(check.get("per_rank") or [])
+        findings = check.get("findings") or []
+        color = _SEVERITY_COLORS["medium" if findings else "low"]
+        out.append(f'<div class="card self-check" data-window="{_e(check.get("window"))}" '
+                   f'data-findings="{len(findings)}" style="border-left-color:{color}">')
+        out.append(f"<h3>Window <code>{_e(check.get('window'))}</code>: steps {_e(check.get('start_step'))}–"
+                   f"{_e(check.get('end_step'))}, {ranks} rank{'s' if ranks != 1 else ''}, "
+                   f"{_e(check.get('device'))}</h3>")
+        out.append(f"<p class=muted>Clocks: {_e(self_check_clocks(check))}.</p>")
+        for f in findings:
+            out.append(f'<p class="finding"><span class="sev" style="background:{color}">disagree</span>'
+                       f"{_e(f.get('message', ''))}</p>")
+        if not findings:
+            threshold = check.get("threshold_pp")
+            out.append(f"<p>The two agree within {threshold:g} pp (step time: {threshold:g} %).</p>")
+        header, rows = self_check_table(check, max_ranks=_SELF_CHECK_MAX_RANKS)
+        out.append("<table><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>")
+        out += ["<tr>" + "".join(f"<td{'' if i == 0 else ' class=num'}>{_e(c)}</td>" for i, c in enumerate(row))
+                + "</tr>" for row in rows]
+        out.append("</table>")
+        if ranks > _SELF_CHECK_MAX_RANKS:
+            out.append(f"<p class=muted>{_SELF_CHECK_MAX_RANKS} of {ranks} ranks shown (largest differences); "
+                       "report.json has all.</p>")
+        out.append("</div>")
+    return out
 
 
 def _recommendations(info: ReportInfo) -> list[str]:

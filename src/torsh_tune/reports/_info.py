@@ -16,10 +16,12 @@ from datetime import datetime, timezone
 from pathlib import PurePath
 from typing import Any
 
-from ..analysis import PHASES, RunAnalysis
+from ..analysis import PHASES, SELF_CHECK_METRICS, RunAnalysis
 from ..errors import invalid
+from ._format import fmt_s
 
-__all__ = ["ALERT_COLUMNS", "REPORT_SCHEMA_VERSION", "ReportInfo", "alert_cells", "build_report_info"]
+__all__ = ["ALERT_COLUMNS", "REPORT_SCHEMA_VERSION", "ReportInfo", "alert_cells", "build_report_info",
+           "self_check_clocks", "self_check_table"]
 
 #: Version of the ReportInfo/report.json layout; bumped on incompatible changes.
 REPORT_SCHEMA_VERSION = 1
@@ -83,6 +85,11 @@ class ReportInfo(JsonDocument):
             alert duration (`analysis.find_alerts`): kind, severity, metric, comparison,
             threshold, peak, ranks, start_s, end_s, duration_s, start_step, end_step,
             num_samples, message; most severe first.
+        self_check: per deep-trace window, the always-on numbers beside the trace's for the
+            same steps (`analysis.run_self_checks`): window, start_step, end_step, device,
+            threshold_pp, per_rank and overall rows (always_on_* / trace_* values, *_diff_pp
+            and step_diff_pct, the clocks of both sides), findings (metric, unit, diff,
+            overall_diff, threshold, ranks, start_step, end_step, message).
         partial: the run did not end cleanly on every rank; numbers cover what was recorded.
         warnings: what was missing or odd while analysing.
 
@@ -106,6 +113,7 @@ class ReportInfo(JsonDocument):
     recommendations: tuple[dict[str, Any], ...] = ()
     strategy_advice: tuple[dict[str, Any], ...] = ()
     alerts: tuple[dict[str, Any], ...] = ()
+    self_check: tuple[dict[str, Any], ...] = ()
     partial: bool = False
     warnings: tuple[str, ...] = ()
 
@@ -126,7 +134,8 @@ class ReportInfo(JsonDocument):
         if unknown:
             raise invalid("report key", f"one of {sorted(names)}", unknown[0])
         kwargs = dict(data)
-        for name in ("breakdown", "bottlenecks", "recommendations", "strategy_advice", "alerts", "warnings"):
+        for name in ("breakdown", "bottlenecks", "recommendations", "strategy_advice", "alerts", "self_check",
+                     "warnings"):
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
@@ -168,6 +177,7 @@ def build_report_info(analysis: RunAnalysis, *, generated_at: str | None = None)
         recommendations=tuple(_plain([dataclasses.asdict(r) for r in a.recommendations])),
         strategy_advice=tuple(_plain(list(a.advice))),
         alerts=tuple(_plain([dataclasses.asdict(x) for x in a.alerts])),
+        self_check=tuple(_plain([dataclasses.asdict(c) for c in a.self_check])),
         partial=bool(a.partial),
         warnings=tuple(str(w) for w in a.warnings),
     )
@@ -207,6 +217,96 @@ def alert_cells(alert: dict[str, Any]) -> dict[str, str]:
         "threshold": f"{alert.get('comparison', '')} {num(alert.get('threshold'))}".strip(),
         "message": str(alert.get("message", "")),
     }
+
+
+def self_check_clocks(check: dict[str, Any]) -> str:
+    """The clocks of one `ReportInfo.self_check` window, in words.
+
+    Example:
+        >>> text = self_check_clocks({"overall": {"always_on_clock": "device", "always_on_clock_recorded": True,
+        ...                                       "trace_clock": "device", "trace_step_clock": "host"}})
+        >>> print(text.replace("; ", "\\n"))
+        always-on: device clock (as recorded)
+        trace: device clock (GPU kernels), step time host clock (ProfilerStep# spans)
+    """
+    o = check.get("overall") or {}
+    recorded = "as recorded" if o.get("always_on_clock_recorded") else "assumed: the step records carry no clock"
+    trace = o.get("trace_clock")
+    what = {"device": "GPU kernels", "host": "CPU operators and gloo worker spans"}.get(str(trace), "mixed")
+    step = o.get("trace_step_clock")
+    step_what = "ProfilerStep# spans" if step == "host" else "span / steps"
+    return (f"always-on: {o.get('always_on_clock')} clock ({recorded}); trace: {trace} clock ({what}), "
+            f"step time {step} clock ({step_what})")
+
+
+def self_check_table(check: dict[str, Any], *, max_ranks: int | None = None,
+                     compact: bool = False) -> tuple[list[str], list[list[str]]]:
+    """One `ReportInfo.self_check` window as a display table: header, then rows (mean of ranks first).
+
+    Each metric's cell is "always-on / trace (difference)"; the header names the clocks
+    (always-on / trace). `compact` (terminals): units in the header, differences (pp; step
+    time: %) bare. At most
+    `max_ranks` rank rows (the largest differences when some are left out).
+
+    Example:
+        >>> row = {"rank": 0, "always_on_clock": "host", "trace_clock": "host", "trace_step_clock": "host",
+        ...        "always_on_step_s": 0.0146, "trace_step_s": 0.0144, "step_diff_pct": 1.1,
+        ...        "always_on_compute_pct": 34.7, "trace_compute_pct": 32.5, "compute_diff_pp": 2.2,
+        ...        "always_on_comm_pct": 55.5, "trace_comm_pct": 76.4, "comm_diff_pp": -20.9,
+        ...        "always_on_exposed_comm_pct": 49.9, "trace_exposed_comm_pct": 58.5, "exposed_comm_diff_pp": -8.6}
+        >>> header, rows = self_check_table({"overall": {**row, "rank": None}, "per_rank": [row]})
+        >>> header[3], rows[1][3]
+        ('communication share (host / host)', '55.5 % / 76.4 % (-20.9 pp)')
+        >>> header, rows = self_check_table({"overall": {**row, "rank": None}, "per_rank": [row]}, compact=True)
+        >>> rows[1][3]
+        '55.5/76.4 (-20.9)'
+    """
+    overall = check.get("overall") or {}
+    ranks = list(check.get("per_rank") or [])
+    if max_ranks is not None and len(ranks) > max_ranks:
+        def worst(r: dict[str, Any]) -> float:
+            return max(abs(r.get(f"{m}_diff_{u}") or 0.0) for m, _, u in SELF_CHECK_METRICS)
+        ranks = sorted(sorted(ranks, key=worst, reverse=True)[:max_ranks], key=lambda r: r.get("rank") or 0)
+    header = ["rank"]
+    for metric, label, unit in SELF_CHECK_METRICS:
+        trace_clock = overall.get("trace_step_clock" if metric == "step" else "trace_clock")
+        clocks = f"{overall.get('always_on_clock')} / {trace_clock}"
+        if compact:
+            short = _SHORT_LABELS.get(metric, metric)
+            header.append(f"{short} {'ms' if metric == 'step' else '%'}\n{clocks.replace(' / ', '/')}")
+        else:
+            header.append(f"{label} ({clocks})")
+    rows = []
+    for row in [overall, *ranks]:
+        cells = ["mean" if row.get("rank") is None else str(row["rank"])]
+        for metric, _, unit in SELF_CHECK_METRICS:
+            ao_v = row.get("always_on_step_s" if metric == "step" else f"always_on_{metric}_pct")
+            tr_v = row.get("trace_step_s" if metric == "step" else f"trace_{metric}_pct")
+            diff = row.get(f"{metric}_diff_{unit}")
+            diff_text = "–" if diff is None else f"{diff:+.1f}"
+            if compact:
+                num = _ms if metric == "step" else _num1
+                cells.append(f"{num(ao_v)}/{num(tr_v)} ({diff_text})")
+            else:
+                num = fmt_s if metric == "step" else _pct1
+                cells.append(f"{num(ao_v)} / {num(tr_v)} ({diff_text} {'pp' if unit == 'pp' else '%'})")
+        rows.append(cells)
+    return header, rows
+
+
+_SHORT_LABELS = {"step": "step", "compute": "compute", "comm": "comm", "exposed_comm": "exposed"}
+
+
+def _ms(v: Any) -> str:
+    return "–" if v is None else f"{1e3 * v:.1f}" if 1e3 * v < 99.95 else f"{1e3 * v:,.0f}"
+
+
+def _num1(v: Any) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def _pct1(v: Any) -> str:
+    return "–" if v is None else f"{v:.1f} %"
 
 
 def _dash(v: Any) -> str:

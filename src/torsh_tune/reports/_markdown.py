@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._format import (
+    throughput_text,
     ADVICE_INPUT_LABELS,
     PHASE_LABELS,
     advice_common_reasons,
@@ -20,7 +21,7 @@ from ._format import (
     fmt_value,
     gain_text,
 )
-from ._info import ALERT_COLUMNS, ReportInfo, alert_cells
+from ._info import ALERT_COLUMNS, ReportInfo, alert_cells, self_check_clocks, self_check_table
 from ._json import _write_atomic
 from ._patch import patch_to_dotted, patch_to_toml
 
@@ -62,6 +63,7 @@ def render_markdown(info: ReportInfo) -> str:
     out += _breakdown(info)
     out += _bottlenecks(info)
     out += _alerts(info)
+    out += _self_check(info)
     out += _recommendations(info)
     out += _strategy_advice(info)
     out += _communication(info)
@@ -160,6 +162,36 @@ def _alerts(info: ReportInfo) -> list[str]:
         cells = alert_cells(a)
         out.append("| " + " | ".join(_cell(cells[c]) for c in ALERT_COLUMNS) + " |")
     return out + [""]
+
+
+_SELF_CHECK_MAX_RANKS = 32  # rank rows per window; report.json has them all
+
+
+def _self_check(info: ReportInfo) -> list[str]:
+    if not info.self_check:
+        return []  # no trace window (and reports written before the self-check existed)
+    out = ["## Self-check against the traces", "",
+           "The always-on numbers beside each deep-trace window's numbers for the same steps "
+           "(always-on / trace, difference: always-on minus trace).", ""]
+    for check in info.self_check:
+        ranks = len(check.get("per_rank") or [])
+        out.append(f"### Window `{check.get('window')}`: steps {check.get('start_step')}–{check.get('end_step')}, "
+                   f"{ranks} rank{'s' if ranks != 1 else ''}, {check.get('device')}")
+        out += ["", f"_Clocks: {_inline(self_check_clocks(check))}._", ""]
+        findings = check.get("findings") or []
+        for f in findings:
+            out.append(f"- **⚠ {_inline(f.get('message', ''))}**")
+        if not findings:
+            out.append(f"- The two agree within {check.get('threshold_pp'):g} pp "
+                       f"(step time: {check.get('threshold_pp'):g} %).")
+        out.append("")
+        header, rows = self_check_table(check, max_ranks=_SELF_CHECK_MAX_RANKS)
+        out += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+        out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+        if ranks > _SELF_CHECK_MAX_RANKS:
+            out += ["", f"_{_SELF_CHECK_MAX_RANKS} of {ranks} ranks shown (largest differences); report.json has all._"]
+        out.append("")
+    return out
 
 
 def _recommendations(info: ReportInfo) -> list[str]:
@@ -281,8 +313,7 @@ def _memory_system(info: ReportInfo) -> list[str]:
 
 
 def _throughput(s: dict[str, Any]) -> str:
-    t = s.get("throughput_samples_s")
-    return "–" if t is None else f"{t:,.1f} samples/s" if t < 100 else f"{t:,.0f} samples/s"
+    return throughput_text(s)
 
 
 def _bytes_or_none(n: Any) -> str | None:

@@ -13,8 +13,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ._format import PHASE_LABELS, advice_headline, fmt_pct, fmt_s, fmt_value, gain_text
-from ._info import ReportInfo
+from ._format import PHASE_LABELS, advice_headline, fmt_pct, fmt_s, fmt_value, gain_text, throughput_text
+from ._info import ReportInfo, self_check_clocks, self_check_table
 from ._patch import patch_to_dotted
 
 __all__ = ["SEVERITY_STYLES", "render_summary"]
@@ -25,6 +25,7 @@ SEVERITY_STYLES = {"critical": "bold white on red", "high": "bold red", "medium"
 _BAR_WIDTH = 30
 _TOP_RECOMMENDATIONS = 3
 _MAX_EVIDENCE = 6  # items per bottleneck on screen; report.md has them all
+_SELF_CHECK_RANKS = 4  # rank rows per trace window on screen (largest differences); report.md has more
 
 
 def render_summary(
@@ -66,6 +67,15 @@ def render_summary(
     if info.breakdown:
         console.print(_breakdown_table(info))
     console.print(_bottleneck_table(info))
+    for check in info.self_check:
+        console.print(_self_check_table(check))
+        threshold = check.get("threshold_pp")
+        for finding in check.get("findings") or []:
+            console.print(Text(f"⚠ {finding.get('message', '')}", style="yellow"))
+        if not check.get("findings"):
+            console.print(Text(f"always-on and trace agree within {threshold:g} pp (step time: {threshold:g} %)",
+                               style="green"))
+        console.print()
     if info.recommendations:
         console.print(_recommendation_table(info))
     advice = advice_headline(info.strategy_advice)
@@ -92,7 +102,7 @@ def _headline(info: ReportInfo, status: str, status_style: str) -> Text:
         text.append("no measured steps", style="bold")
     else:
         tput = s.get("throughput_samples_s")
-        tput_text = "–" if tput is None else f"{tput:,.1f} samples/s" if tput < 100 else f"{tput:,.0f} samples/s"
+        tput_text = throughput_text(s)
         text.append("median step ")
         text.append(fmt_s(s.get("median_step_s")), style="bold cyan")
         text.append("   p90 ")
@@ -151,6 +161,19 @@ def _bottleneck_table(info: ReportInfo) -> Table | Text:
             ", ".join(map(str, b.get("ranks") or [])) or "all",
             cell,
         )
+    return t
+
+
+def _self_check_table(check: dict[str, Any]) -> Table:
+    header, rows = self_check_table(check, max_ranks=_SELF_CHECK_RANKS, compact=True)
+    t = Table(box=box.SIMPLE_HEAD, header_style="bold", title_justify="left", caption_justify="left",
+              caption_style="dim", caption=self_check_clocks(check),
+              title=f"Self-check against trace window {check.get('window')} (steps {check.get('start_step')}–"
+                    f"{check.get('end_step')}): always-on/trace (difference: pp; step time: %)")
+    for i, h in enumerate(header):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for row in rows:
+        t.add_row(*row)
     return t
 
 

@@ -16,11 +16,20 @@ Parallelisms are applied in one fixed order, as in torchtitan: pipeline split, t
 or DDP. The optimizer is rebuilt over the parameters this rank owns afterwards (FSDP2
 replaces parameters by sharded DTensors; a pipeline stage owns only its own), keeping its
 param groups and hyper-parameters, so it must not have stepped yet.
+
+Placement follows the strategy, so a model that only fits sharded is never whole on the
+GPU: DDP moves the whole model to the device (every rank holds all of it); FSDP/HSDP shard
+first and FSDP2's `fully_shard` moves one unit at a time (with `cpu_offload` the shards go
+back to the CPU), after the old optimizer let go of the unsharded parameters; a pipeline
+moves only this rank's stages. On CUDA the peak-memory counter is reset once the model is
+set up, so the steps' `peak_mem_bytes` is the training peak; the setup peak is recorded in
+the strategy facts (`setup_peak_mem_bytes`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -83,8 +92,11 @@ def parallelize(
 
     Args:
         model: the full model, built identically on every rank (same seed or a broadcast).
+            Leave it on the CPU for FSDP/HSDP and pipelines: only what this rank keeps is
+            placed on `device`.
         optimizer: an optimizer over `model`'s parameters that has not stepped yet; the
-            returned one (rebuilt when parameters change) must be used from here on.
+            returned one (rebuilt when parameters change) must be used from here on. Under
+            FSDP/HSDP the one passed in is emptied (it would hold the unsharded parameters).
         example_batch: one `(inputs, targets)` batch; the pipeline checks its split with it.
         loss_fn: `loss_fn(output, targets) -> scalar`; required for kind pipeline.
         split_points: module names where pipeline stages begin (overrides `[pipeline] split_points`).
@@ -119,15 +131,15 @@ def parallelize(
         strategy = RunConfig(strategy=strategy).with_overrides({"strategy.pipeline.split_points": list(split_points)}).strategy
     strategy.validate(world_size=world, nnodes=max(1, world // per_node))
     dev = _device_of(device, cuda)
-    model.to(dev)
     names = {id(p): n for n, p in model.named_parameters()}
     kind = strategy.kind
     facts: dict[str, Any] = {"kind": kind, "api": True, "world_size": world, "device": str(dev)}
     # The whole model, before a pipeline split or sharding hides it (the strategy advisor's input).
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    facts["num_params"] = sum(p.numel() for p in trainable)
-    facts["param_bytes"] = sum(p.numel() * p.element_size() for p in trainable)
+    # Sums only: a list of the parameters would keep FSDP from freeing the unsharded ones.
+    facts["num_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    facts["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     par = _Parallel(kind=kind, strategy=strategy, device=dev)
+    # Placement is the strategy's (see the module docstring): no model.to(dev) before sharding.
     if kind == "pipeline":
         wrapped = _apply_pipeline(model, strategy, example_batch, loss_fn, dev, rank, world, par)
         owned_ids = {id(p) for p in wrapped.parameters()}
@@ -137,25 +149,35 @@ def parallelize(
     elif kind in ("fsdp", "hsdp"):
         from ..strategies.fsdp import apply_fsdp
 
-        info = apply_fsdp(model, strategy.fsdp, kind=kind, world_size=world, ranks_per_node=per_node, device=dev)
+        groups = _release_optimizer(optimizer, names) if optimizer is not None else None
+        try:
+            info = apply_fsdp(model, strategy.fsdp, kind=kind, world_size=world, ranks_per_node=per_node, device=dev)
+        except BaseException:
+            if groups is not None:  # a ConfigError before sharding: hand the user's optimizer back intact
+                _restore_optimizer(optimizer, groups, dict(model.named_parameters()))
+            raise
         wrapped, owned = model, dict(model.named_parameters())
+        if groups is not None:
+            optimizer = _optimizer_by_name(optimizer, groups, owned)
         facts["fsdp"] = info.to_dict()
         for note in info.notes:
             if rt is not None:
                 rt.note(note)
         data_parallel = world
     else:
+        model.to(dev)  # every DDP rank holds the whole model
         wrapped = _apply_ddp(model, strategy, dev, managed=rt is not None)
         par.loss_observer = getattr(getattr(wrapped, "_torsh_hook_state", None), "observe_loss", None)
         owned = dict(model.named_parameters())
         data_parallel = world
-    if optimizer is not None:
+    if optimizer is not None and kind not in ("fsdp", "hsdp"):
         optimizer = _rebind_optimizer(optimizer, names, owned)
     _init_lrs(par, optimizer, data_parallel=data_parallel)
     facts["lr_scaling"] = strategy.training.lr_scaling
     facts["gradient_accumulation_steps"] = strategy.training.gradient_accumulation_steps
     _PARALLEL[wrapped] = par
     if rt is not None:
+        _end_setup(dev, facts)
         rt.on_parallelize(wrapped, facts, par.runner)
     return wrapped, optimizer
 
@@ -297,7 +319,7 @@ def _apply_pipeline(model: nn.Module, strategy: StrategyConfig, example_batch: A
     if example_batch is None:
         raise invalid("parallelize(example_batch)", "an (inputs, targets) batch for strategy kind 'pipeline'", None)
     inputs, _ = _split_batch(example_batch, "parallelize(example_batch)")
-    runner = build_pipeline(model, strategy.pipeline, loss_fn=loss_fn, example_inputs=_to(inputs, dev), device=dev,
+    runner = build_pipeline(model, strategy.pipeline, loss_fn=loss_fn, example_inputs=inputs, device=dev,
                             rank=rank, world_size=world, split_points=list(strategy.pipeline.split_points))
     par.runner = runner
     last_stage = runner.num_stages - 1
@@ -314,8 +336,7 @@ def _rank_of_stage(strategy: StrategyConfig, stage: int, world: int) -> int:
 def _rebind_optimizer(optimizer: torch.optim.Optimizer, old_names: dict[int, str],
                       owned: dict[str, torch.Tensor]) -> torch.optim.Optimizer:
     """The optimizer over the parameters this rank owns now, param groups and defaults kept."""
-    if any(len(s) for s in optimizer.state.values()):
-        raise invalid("parallelize(optimizer)", "an optimizer that has not stepped yet", type(optimizer).__name__)
+    _check_fresh(optimizer)
     owned_ids = {id(p) for p in owned.values()}
     groups, changed = [], False
     for group in optimizer.param_groups:
@@ -335,7 +356,63 @@ def _rebind_optimizer(optimizer: torch.optim.Optimizer, old_names: dict[int, str
     if not groups:
         raise invalid("parallelize(optimizer)", "over parameters of the model (none of them lives on this rank)",
                       type(optimizer).__name__)
-    return type(optimizer)(groups, **optimizer.defaults)
+    return _same_kind(optimizer, groups)
+
+
+def _check_fresh(optimizer: torch.optim.Optimizer) -> None:
+    if any(len(s) for s in optimizer.state.values()):
+        raise invalid("parallelize(optimizer)", "an optimizer that has not stepped yet", type(optimizer).__name__)
+
+
+def _release_optimizer(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> list[dict[str, Any]]:
+    """The optimizer's param groups with parameter names for parameters; the optimizer lets go of them.
+
+    FSDP2 frees a unit's unsharded parameters when `fully_shard` returns only if nothing else
+    holds them; an optimizer over them would keep the whole model on the device. Parameters
+    that are not the model's (no name) are dropped, as `_rebind_optimizer` drops them.
+    """
+    _check_fresh(optimizer)
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": [names[id(p)] for p in group["params"] if id(p) in names]})
+        group["params"] = []
+    return groups
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]],
+                       params: dict[str, torch.Tensor]) -> None:
+    for group, saved in zip(optimizer.param_groups, groups):
+        group["params"] = [params[n] for n in saved["params"] if n in params]
+
+
+def _optimizer_by_name(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]],
+                       owned: dict[str, torch.Tensor]) -> torch.optim.Optimizer:
+    """A new optimizer of `optimizer`'s type over `owned`, param groups (by name) and defaults kept."""
+    new_groups = [{**g, "params": [owned[n] for n in g["params"] if n in owned]} for g in groups]
+    new_groups = [g for g in new_groups if g["params"]]
+    if not new_groups:
+        raise invalid("parallelize(optimizer)", "over parameters of the model (none of them lives on this rank)",
+                      type(optimizer).__name__)
+    return _same_kind(optimizer, new_groups)
+
+
+def _same_kind(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    """A new optimizer of `optimizer`'s type and defaults over `groups` (which carry their own options)."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = dict(optimizer.defaults)
+    else:  # defaults may hold more than __init__ takes (AdamW's decoupled_weight_decay, torch 2.13)
+        kwargs = {k: v for k, v in optimizer.defaults.items() if k in params and k != "params"}
+    return type(optimizer)(groups, **kwargs)
+
+
+def _end_setup(dev: torch.device, facts: dict[str, Any]) -> None:
+    """Record the setup's CUDA memory peak and restart the counter: the steps' peaks are the training's."""
+    if dev.type != "cuda":
+        return
+    facts["setup_peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    torch.cuda.reset_peak_memory_stats(dev)
 
 
 def _init_lrs(par: _Parallel, optimizer: torch.optim.Optimizer | None, *, data_parallel: int) -> None:

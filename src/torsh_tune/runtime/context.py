@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -41,7 +42,11 @@ class RankRuntime:
         self.world_size = env.world_size if env else 1
         self.local_world_size = env.local_world_size if env else 1
         self.parallelized: list[tuple[Any, Any]] = []  # (model, pipeline runner or None) from the API
-        self.cuda = torch.cuda.is_available()
+        # Whether the run trains on CUDA is known later (`on_cuda`): from the DDP model or the
+        # optimizer's parameters. CUDA is not touched here (`cuda` is asked lazily): a script may
+        # still choose its device, e.g. CUDA_VISIBLE_DEVICES per rank, which the driver reads once.
+        self._cuda: bool | None = None
+        self.on_cuda = False
         self.steps_done = 0
         budget = config.budget
         self.budget_total = None if budget.steps is None else budget.warmup_steps + budget.steps
@@ -54,9 +59,9 @@ class RankRuntime:
             writer=self.writer,
             warmup_steps=budget.warmup_steps,
             loss_every=config.profiler.loss_every,
-            peak_memory=self._cuda_peak if self.cuda else None,
         )
         self.ddp_models: list[Any] = []
+        self.collectives: Any = None  # the c10d capture (profiler.collectives), installed with the patches
         self.tracker.step_comm = self.ddp_step_comm
         self.meta: dict[str, Any] = {
             "rank": self.rank,
@@ -64,7 +69,7 @@ class RankRuntime:
             "world_size": self.world_size,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
-            "device": "cuda" if self.cuda else "cpu",
+            "device": "cpu",  # "cuda" once the run is seen training on CUDA
             "torch_version": torch.__version__,
             "num_threads": torch.get_num_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
@@ -72,35 +77,59 @@ class RankRuntime:
             "notes": [],
         }
         self.sampler: SystemSampler | None = None
-        self._fwd_t0 = 0.0
+        self._fwd: tuple[float, Any, int] | None = None
+        # Modules whose forward is probed, and those whose batches are not the step's samples
+        # (a GAN's second network).
+        self.probed_modules: set[Any] = set()
+        self._no_samples: set[Any] = set()
         self.traces: TraceWindows | None = None
         if config.profiler.traces_enabled and run_dir is not None:
             self.traces = TraceWindows(
-                config=config.profiler, run_dir=run_dir, rank=self.rank, world_size=self.world_size, cuda=self.cuda,
+                config=config.profiler, run_dir=run_dir, rank=self.rank, world_size=self.world_size, cuda=lambda: self.cuda,
                 warmup_steps=budget.warmup_steps, note=self.note,
                 # Export runs between two steps; the next step record starts after it.
                 restart_step_clock=self.tracker.restart_clock,
             )
 
+    @property
+    def cuda(self) -> bool:
+        """Whether this host has CUDA (the backend's `auto`, trace activities); asked at first use."""
+        if self._cuda is None:
+            self._cuda = torch.cuda.is_available()
+        return self._cuda
+
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         if self.writer is None:
             return
-        handle = None
-        if self.cuda:
-            torch.cuda.set_device(self.local_rank % max(1, torch.cuda.device_count()))
-            handle, reason = open_nvml_device(torch.cuda.current_device())
-            self.meta["nvml"] = reason or "ok"
-            self.meta["gpu_name"] = torch.cuda.get_device_name()
         writer = self.writer
         self.sampler = SystemSampler(
-            self.rank, lambda r: writer.write("system", r), interval_s=self.config.profiler.system_interval_s, nvml_handle=handle
+            self.rank, lambda r: writer.write("system", r), interval_s=self.config.profiler.system_interval_s,
+            on_error=lambda message: self.note(f"system sampler: {message}"),
         )
         self.sampler.start()
         if self.local_rank == 0:  # one per node: its NICs, InfiniBand, GPUs and their links
             self._node_facts: list[dict[str, Any]] = []
             self._facts_thread = threading.Thread(target=self._detect_node, name="torsh-tune-topology", daemon=True)
             self._facts_thread.start()
+        self.save_meta()
+
+    def training_on_cuda(self) -> None:
+        """The script trains on CUDA (a CUDA DDP model, or an optimizer over CUDA parameters): from
+        the next step on, phases and NCCL collectives are device time, and NVML samples its GPU."""
+        if self.on_cuda:
+            return
+        self.on_cuda = True
+        self.meta["device"] = "cuda"
+        if self.writer is None:
+            return
+        self.tracker.use_device_clock(self._cuda_peak)
+        device = torch.cuda.current_device()  # the script has chosen its device by now
+        handle, reason = open_nvml_device(device)
+        self.meta["nvml"] = reason or "ok"
+        self.meta["gpu_name"] = torch.cuda.get_device_name(device)
+        if self.sampler is not None and handle is not None:
+            self.sampler.use_nvml(handle)
         self.save_meta()
 
     def _detect_node(self) -> None:
@@ -110,7 +139,8 @@ class RankRuntime:
         from ..bench.topology import detect_node  # pure Python: sysfs and nvidia-smi
 
         try:
-            self._node_facts.extend(asdict(f) for f in detect_node(gpus=self.cuda))
+            # nvidia-smi, not torch: this thread must not initialise CUDA before the script chose its device.
+            self._node_facts.extend(asdict(f) for f in detect_node(gpus=shutil.which("nvidia-smi") is not None))
         except Exception as exc:  # noqa: BLE001 - facts are optional
             self._node_facts.append({"name": "node", "value": None, "source": "assumed",
                                      "detail": f"detection failed: {type(exc).__name__}: {exc}"})
@@ -155,6 +185,8 @@ class RankRuntime:
             if sizes_bytes and i < len(self.meta.get("ddp_models", [])):
                 self.meta["ddp_models"][i]["num_buckets"] = len(sizes_bytes)
                 self.meta["ddp_models"][i]["bucket_sizes_bytes"] = sizes_bytes
+        if self.collectives is not None:
+            self.meta["collectives"] = self.collectives.by_issuer
         self.meta["t_end"] = now()
         self.save_meta()
         write_json_atomic(
@@ -208,6 +240,7 @@ class RankRuntime:
         if self.config.profiler.enabled and facts["kind"] != "ddp":  # DDP's constructor patch probes DDP
             modules = list(model.stages) if runner is not None else [model]
             for module in modules:
+                self.probed_modules.add(module)
                 module.register_forward_pre_hook(self.forward_pre_hook, with_kwargs=True)
                 module.register_forward_hook(self.forward_post_hook)
         self.save_meta()
@@ -226,6 +259,8 @@ class RankRuntime:
         ready) and ended, and when backward compute ended. Returns (records, exposed comm s).
         """
         records, exposed = [], 0.0
+        if self.on_cuda and not (step < 12 or step % 100 < 3):
+            return records, exposed  # DDP samples its CUDA timers at iterations 1-10 and every 100th only
         for model, info in zip(self.ddp_models, self.meta.get("ddp_models", [])):
             if getattr(model, "_torsh_timed_hook", None) is not None:
                 continue
@@ -238,24 +273,43 @@ class RankRuntime:
             compute_end = data.get("backward_compute_time_end")
             if compute_end:
                 exposed = max(exposed, t_complete - compute_end / 1e9)
+            group = self.collectives.group_of(model.process_group) if self.collectives is not None else None
             records.append({
                 "rank": self.rank, "step": step, "seq": seq + len(records), "bucket": -1,
                 "collective": "all_reduce", "hook": "builtin", "bytes": info["param_bytes"],
                 "wire_bytes": info["param_bytes"], "num_tensors": info["num_param_tensors"],
                 "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
+                "issuer": "ddp", "clock": "device" if self.on_cuda else "host", "grad_bytes": info["param_bytes"],
+                "async_op": True,
+                **(group or {}),
             })
         return records, max(0.0, exposed)
 
     # -- forward hooks (hot path) ------------------------------------------------------
+    # Invisible to torch.compile: under Dynamo (a compiled DDP forward runs DDP's hooks inside
+    # the graph) they do nothing, so they add no graph break; the module outside the compiled
+    # region (found at the first optimizer step) is probed instead.
     def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
-        self._fwd_t0 = now()
+        if torch.compiler.is_compiling():
+            return
+        batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
+        events = self.tracker.device_events
+        self._fwd = (now(), events.record() if events is not None else None, batch)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
-        self.tracker.on_forward(self._fwd_t0, now(), _batch_size(args) if args else 0)
+        if torch.compiler.is_compiling() or self._fwd is None:
+            return
+        t0, ev0, batch = self._fwd
+        self._fwd = None
+        ev1 = self.tracker.device_events.record() if ev0 is not None else None
+        self.tracker.on_forward(t0, now(), batch, (ev0, ev1) if ev0 is not None else None)
 
     @staticmethod
     def _cuda_peak() -> int:
-        return int(torch.cuda.max_memory_allocated())
+        # The raw counters: max_memory_allocated() flattens the allocator's whole nested stats dict
+        # (~0.3 ms per call on an H100).
+        stats = torch._C._cuda_memoryStats(torch._C._cuda_getDevice())
+        return int(stats["allocated_bytes"]["all"]["peak"])
 
 
 def _bucket_caps_mb(model: Any) -> dict[str, float]:

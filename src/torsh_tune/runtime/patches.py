@@ -20,9 +20,8 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
-from ..profiler import TimedCommHook, default_allreduce, now
+from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
 from ..strategies.collectives import HierarchicalState
-from ..strategies.compression import wire_bytes_of
 from ..strategies.ddp import comm_hook_of, ddp_kwargs
 from .budget import StepBudgetReached
 
@@ -37,6 +36,9 @@ def install(rt: "RankRuntime") -> None:
     if getattr(torch, "_torsh_tune_patched", False):
         return
     torch._torsh_tune_patched = True  # type: ignore[attr-defined]
+    if rt.config.profiler.enabled and rt.writer is not None:
+        rt.collectives = CollectiveCapture(rt.tracker, rank=rt.rank)
+        rt.collectives.install()
     _patch_init_process_group(rt)
     _patch_ddp(rt)
     _patch_dataloader(rt)
@@ -102,15 +104,27 @@ def _patch_ddp(rt: "RankRuntime") -> None:
         applied = _ddp_overrides(rt, module, kwargs)
         original_init(self, module, *args, **kwargs)
         rt.on_ddp_created(self, applied)
+        on_cuda = any(p.is_cuda for p in module.parameters())
+        if on_cuda:
+            rt.training_on_cuda()
         if rt.config.profiler.enabled:
-            self._set_ddp_runtime_logging_sample_rate(1)
-            self.register_forward_pre_hook(rt.forward_pre_hook, with_kwargs=True)
-            self.register_forward_hook(rt.forward_post_hook)
-            # A Python hook costs a future hop per bucket over PyTorch's C++ all-reduce, so the
-            # per-bucket timer is installed here only when asked for or when compression puts a
-            # Python hook in place anyway; otherwise DDP's own timers give one record per step.
+            # No forward hooks on DDP itself: under `torch.compile(DDP(model))` hooks on DDP are traced
+            # and add a graph break; the forward is probed from the first optimizer step on, on the
+            # outermost module holding the parameters (DDP, or the compiled wrapper around it).
             if rt.config.profiler.comm_hook_timing or _configured_hook(rt.config.strategy):
+                # A Python hook is there anyway: its collectives go through the c10d capture per bucket.
                 _install_timed_hook(rt, self, original_register, default_allreduce, self.process_group, "allreduce")
+            elif not on_cuda:
+                # On CPU, PyTorch's C++ all-reduce stays (a Python hook costs a future hop per bucket)
+                # and the reducer's host timers, sampled every iteration, give one record per step.
+                self._set_ddp_runtime_logging_sample_rate(1)
+            else:
+                # On CUDA the C++ all-reduce stays too. A Python hook per bucket cost ~1.3 ms per step on an
+                # H100 (NCCL futures' callbacks), and DDP's timers are CUDA events it synchronizes when it
+                # reads them: PyTorch's own sampling (the first 10 iterations, then every 100th) is kept,
+                # so the sampled steps carry a device-timed record and no other step is stalled.
+                rt.note("DDP on CUDA: the builtin all-reduce is timed by DDP's own sampled CUDA timers "
+                        "(iterations 1-10, then every 100th); set profiler.comm_hook_timing for every bucket")
         _apply_compression(rt, self, original_register)
 
     @functools.wraps(original_register)
@@ -149,9 +163,7 @@ def _patch_ddp(rt: "RankRuntime") -> None:
 
 def _install_timed_hook(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any, inner: Any,
                         inner_state: Any, name: str) -> None:
-    timed = TimedCommHook(rt.tracker, inner=inner, inner_state=inner_state, name=name, cuda=rt.cuda)
-    # Compression and hierarchical hooks (configured or registered by the script) report their own bytes.
-    timed.wire_bytes_of = _wire_bytes_of
+    timed = TimedCommHook(rt.collectives, inner=inner, inner_state=inner_state, name=name)
     original_register(model, None, timed)
     model._torsh_timed_hook = timed
 
@@ -160,13 +172,6 @@ def _install_timed_hook(rt: "RankRuntime", model: DistributedDataParallel, origi
 def _configured_hook(strategy: Any) -> bool:
     """Whether the strategy puts a Python comm hook of its own on every DDP model."""
     return strategy.compression.method != "none" or strategy.collectives.hierarchical
-
-
-def _wire_bytes_of(state: Any, nbytes: int) -> int:
-    """Bytes on the wire of the latest hook call: inter-node bytes for the hierarchical all-reduce."""
-    if isinstance(state, HierarchicalState):
-        return state.last_wire_bytes
-    return wire_bytes_of(state, nbytes)
 
 
 class _CompressionSlot:
@@ -314,42 +319,79 @@ def _patch_backward(rt: "RankRuntime") -> None:
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return original(tensors, *args, **kwargs)
         # Before the backward: its comm hooks piggyback this loss (a detached view, no host sync).
         if _loss_observers and isinstance(tensors, torch.Tensor) and tensors.dim() == 0:
             _observe_loss(tensors.detach())
         if not profiled:
             return original(tensors, *args, **kwargs)
+        events = tracker.device_events
+        ev0 = events.record() if events is not None else None
         t0 = now()
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            # The loss is kept (detached) only on the steps that read it.
+            # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
+            # host memory on the stream now: read once the step's events completed, it needs no sync.
             keep = tracker.wants_loss() and isinstance(tensors, torch.Tensor) and tensors.dim() == 0
-            tracker.on_backward(t0, now(), tensors.detach() if keep else None)
+            loss = tensors.detach() if keep else None
+            if loss is not None and ev0 is not None and loss.is_cuda:
+                loss = _pinned_copy(loss)  # ordered before the step's end event, which is waited for
+            ev1 = events.record() if ev0 is not None else None
+            tracker.on_backward(t0, now(), loss, (ev0, ev1) if ev0 is not None else None)
 
     torch.autograd.backward = backward
+
+
+_PINNED: list[torch.Tensor] = []
+
+
+def _pinned_copy(loss: torch.Tensor) -> torch.Tensor:
+    """An asynchronous copy of a CUDA scalar into one of a ring of pinned host buffers."""
+    if len(_PINNED) < 8:
+        _PINNED.append(torch.empty((), dtype=torch.float32, pin_memory=True))
+    host = _PINNED.pop(0)
+    _PINNED.append(host)
+    host.copy_(loss, non_blocking=True)
+    return host
 
 
 def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    state = {"t0": 0.0, "owner": None}
+    state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False}
     tracker = rt.tracker
     budget_total = rt.budget_total
     traces = rt.traces
+    profiled = rt.config.profiler.enabled
 
     def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
+        if state["owner"] is None:
+            _first_optimizer_step(rt, optimizer)
+        events = tracker.device_events
+        state["ev0"] = events.record() if events is not None else None
         state["t0"] = now()
 
     def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         t1 = now()
-        tracker.on_optimizer(state["t0"], t1)
-        # With several optimizers, the first one to step marks the step boundary.
+        ev0 = state["ev0"]
+        ev1 = tracker.device_events.record() if ev0 is not None else None
+        tracker.on_optimizer(state["t0"], t1, (ev0, ev1) if ev0 is not None else None)
+        # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:
             state["owner"] = id(optimizer)
         elif state["owner"] != id(optimizer):
             return
-        if not rt.config.profiler.enabled:
+        state["stepped"] = True
+        boundary(t1)
+
+    def boundary(t1: float) -> None:
+        if not profiled:
             tracker.step += 1
             done = tracker.step
         else:
@@ -362,3 +404,61 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
+    _patch_grad_scaler(state, boundary)
+
+
+def _patch_grad_scaler(state: dict[str, Any], boundary: Callable[[float], None]) -> None:
+    """A step GradScaler skips (inf/NaN gradients) never calls `optimizer.step()`; it still ends the iteration."""
+    scaler_types = {getattr(torch.amp, "GradScaler", None), getattr(torch.cuda.amp, "GradScaler", None)}
+    for scaler_type in (t for t in scaler_types if t is not None):
+        original = scaler_type.step
+        if getattr(original, "_torsh_patched", False):
+            continue
+
+        def step(self: Any, optimizer: torch.optim.Optimizer, *args: Any, _original: Any = original,
+                 **kwargs: Any) -> Any:
+            state["stepped"] = False
+            result = _original(self, optimizer, *args, **kwargs)
+            owner = state["owner"]
+            if not state["stepped"] and (owner is None or owner == id(optimizer)) and not torch.compiler.is_compiling():
+                state["owner"] = id(optimizer)
+                boundary(now())
+            return result
+
+        step._torsh_patched = True  # type: ignore[attr-defined]
+        scaler_type.step = step
+
+
+def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -> None:
+    """At the first optimizer step: is the run on CUDA, and which module's forward is the step's?
+
+    The forward probed is that of the outermost module(s) holding the optimizer's parameters
+    (a DDP model is probed from its construction): an FSDP2 root, a plain module under a
+    hand-written all-reduce, the `torch.compile` wrapper around a model (outside the compiled
+    region). Found once, by a scan of live modules; probes start with the next step.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(getattr(p, "is_cuda", False) for p in params):
+        rt.training_on_cuda()
+    if not rt.config.profiler.enabled or rt.tracker.microbatches:
+        return
+    roots = [m for m in _outermost_owners({id(p) for p in params}) if m not in rt.probed_modules]
+    for i, module in enumerate(roots):
+        rt.probed_modules.add(module)
+        module.register_forward_pre_hook(rt.forward_pre_hook, with_kwargs=True)
+        module.register_forward_hook(rt.forward_post_hook)
+        if i:
+            rt._no_samples.add(module)
+    rt.meta["probed_modules"] = [type(m).__name__ for m in roots]
+    rt.save_meta()
+
+
+def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:
+    import gc
+
+    # type(), not isinstance(): gc also holds weak proxies, which raise once their object is gone.
+    modules = [m for m in gc.get_objects() if issubclass(type(m), torch.nn.Module)]
+    holders = [m for m in modules if any(id(p) in param_ids for p in m.parameters())]
+    inner = {id(child) for m in holders for child in m.modules() if child is not m}
+    # torch.compile's wrapper holds the model as `_orig_mod` (a submodule): it is outermost.
+    return [m for m in holders if id(m) not in inner]

@@ -93,8 +93,11 @@ def apply_fsdp(model: nn.Module, cfg: FSDPConfig, *, kind: str, world_size: int,
 
     Every check runs before the first collective, so a bad configuration raises the same
     one-line `ConfigError` on every rank. The process group must be initialised and
-    `world_size` must be its size; the model may still be on the CPU (FSDP2 moves it to
-    `device`). Build the optimizer after this call, over the sharded parameters.
+    `world_size` must be its size. Leave the model on the CPU when it does not fit the device
+    whole: `fully_shard` moves one unit at a time to `device` (the mesh's: the current CUDA
+    device), shards it and, with `cpu_offload`, moves the shards back, and the unsharded
+    parameters are freed as each call returns unless something else holds them (an optimizer
+    over them, a list of them). Build the optimizer after this call, over the sharded parameters.
 
     Args:
         model: The module to shard; its units (see `select_units`) are sharded children first, then the root.

@@ -25,18 +25,23 @@ model's, `blocks.2.weight`) and works for any module a chain can call.
 
 Each rank measures its pipeline bubble: the time its stages spend computing
 (`forward_one_chunk`, `backward_one_chunk`, `backward_weight_one_chunk` and the loss)
-against the wall time of the whole step. `bubble_pct = 100 * (1 - busy_s / step_s)` also
+against the time of the whole step. `bubble_pct = 100 * (1 - busy_s / step_s)` also
 counts the schedule's own overhead and, on CPU, the time gloo's send/recv spend copying.
-No CUDA synchronisation is done, so on a GPU `busy_s` measures kernel launches, not
-kernels; the CPU figure is the real one.
+Every figure says its clock (`stats()["clock"]`). On CPU it is the host's (`perf_counter`):
+the host runs the kernels. On CUDA the host only enqueues kernels, so a host clock would
+measure launches; there each span and the step are bracketed by CUDA events on the current
+stream (where the stages' kernels and the waits for their P2P transfers run) and read with
+`query()` once they completed, at the end of a later step or in `stats()`; no step waits
+for the device, and `clock` is "device".
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -156,6 +161,15 @@ def _split_indices(segments: list[tuple[str, nn.Module]], names: list[str]) -> l
     return indices
 
 
+def _device_of_module(module: nn.Module, default: torch.device) -> torch.device:
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return default if first is None else first.device
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    return torch.utils._pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, value)
+
+
 def _check_is_chain(model: nn.Module, segments: list[tuple[str, nn.Module]], example_args: tuple) -> None:
     """Raise unless the model's forward equals its chain of segments on the example inputs."""
     modes = {m: m.training for m in model.modules()}
@@ -222,26 +236,99 @@ def theoretical_bubble_pct(schedule: str, *, ranks: int, n_microbatches: int, st
 
 
 # -- timing ----------------------------------------------------------------------------------
-@dataclass
 class _Clock:
-    """Per-stage compute seconds of the step in progress, and every finished step's totals."""
+    """Per-stage busy time of the step in progress and every finished step's totals, in one clock.
 
-    stage_indices: list[int]
-    current: dict[int, float] = field(default_factory=dict)
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    `clock` is "host" on CPU (perf_counter) and "device" on CUDA: there every span and the
+    step record a pair of CUDA events on the current stream; a finished step's events are
+    read once `query()` says they completed (`resolve`), so no step synchronises.
+    """
 
-    def add(self, stage_index: int, seconds: float) -> None:
-        self.current[stage_index] = self.current.get(stage_index, 0.0) + seconds
+    def __init__(self, stage_indices: list[int], device: torch.device) -> None:
+        self.stage_indices = stage_indices
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.clock = "device" if self.cuda else "host"
+        self.steps: list[dict[str, Any]] = []  # resolved steps: step_s, busy_s, stage_busy_s, host_step_s
+        self._host: dict[int, float] = {}  # host clock: seconds per stage of the step in progress
+        self._spans: list[tuple[int, Any, Any]] = []  # device clock: (stage, start, end) events of that step
+        self._host_t0 = 0.0
+        self._start: Any = None
+        self._unresolved: list[dict[str, Any]] = []  # device clock: finished steps whose events are pending
+        self._free_events: list[Any] = []
+
+    def _event(self) -> Any:
+        return self._free_events.pop() if self._free_events else torch.cuda.Event(enable_timing=True)
+
+    def _record(self) -> Any:
+        event = self._event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    @contextlib.contextmanager
+    def span(self, stage_index: int) -> Iterator[None]:
+        """Time what runs inside as busy time of `stage_index`."""
+        if self.cuda:
+            start = self._record()
+            try:
+                yield
+            finally:
+                self._spans.append((stage_index, start, self._record()))
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._host[stage_index] = self._host.get(stage_index, 0.0) + time.perf_counter() - t0
 
     def timed(self, fn: Callable, stage_index: int) -> Callable:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
+            with self.span(stage_index):
                 return fn(*args, **kwargs)
-            finally:
-                self.add(stage_index, time.perf_counter() - start)
 
         return wrapper
+
+    def begin_step(self) -> None:
+        self._host = {i: 0.0 for i in self.stage_indices}
+        self._spans = []
+        if self.cuda:
+            self._start = self._record()
+        self._host_t0 = time.perf_counter()
+
+    def end_step(self) -> None:
+        host_s = time.perf_counter() - self._host_t0
+        if not self.cuda:
+            busy = [self._host.get(i, 0.0) for i in self.stage_indices]
+            self.steps.append({"step_s": host_s, "busy_s": sum(busy), "stage_busy_s": busy, "host_step_s": host_s})
+            return
+        self._unresolved.append({"start": self._start, "end": self._record(), "spans": self._spans,
+                                 "host_step_s": host_s})
+        self._spans = []
+        self.resolve()
+
+    def resolve(self, *, wait: bool = False) -> None:
+        """Move finished steps whose events completed into `steps`, in order; `wait`: wait for them (end of run)."""
+        while self._unresolved:
+            step = self._unresolved[0]
+            events = [step["end"], *(end for _, _, end in step["spans"])]
+            if wait:
+                for event in events:
+                    event.synchronize()
+            elif not all(e.query() for e in events):
+                return  # later steps completed later: try again at the next step
+            self._unresolved.pop(0)
+            busy = {i: 0.0 for i in self.stage_indices}
+            for index, start, end in step["spans"]:
+                busy[index] = busy.get(index, 0.0) + start.elapsed_time(end) / 1e3
+            stage_busy = [busy[i] for i in self.stage_indices]
+            self.steps.append({"step_s": step["start"].elapsed_time(step["end"]) / 1e3, "busy_s": sum(stage_busy),
+                               "stage_busy_s": stage_busy, "host_step_s": step["host_step_s"]})
+            self._free_events.extend([step["start"], step["end"],
+                                      *itertools.chain.from_iterable((a, b) for _, a, b in step["spans"])])
+
+    @property
+    def steps_pending(self) -> int:
+        return len(self._unresolved)
 
 
 class _MicrobatchLoss:
@@ -251,10 +338,8 @@ class _MicrobatchLoss:
         self.loss_fn, self.n, self.clock, self.last_stage = loss_fn, n_microbatches, clock, last_stage
 
     def __call__(self, output: Any, target: Any) -> torch.Tensor:
-        start = time.perf_counter()
-        loss = self.loss_fn(output, target) / self.n
-        self.clock.add(self.last_stage, time.perf_counter() - start)
-        return loss
+        with self.clock.span(self.last_stage):
+            return self.loss_fn(output, target) / self.n
 
 
 # -- the runner ------------------------------------------------------------------------------
@@ -312,14 +397,10 @@ class PipelineRunner:
             if batch is not None:
                 self._check_divisible(batch)
         losses: list[torch.Tensor] = []
-        self._clock.current = {i: 0.0 for i in self.stage_indices}
-        start = time.perf_counter()
+        self._clock.begin_step()
         self.schedule.step(*(args if self.is_first else ()), target=target if self.is_last else None,
                            losses=losses if self.is_last else None, return_outputs=False)
-        step_s = time.perf_counter() - start
-        busy = dict(self._clock.current)
-        self._clock.steps.append({"step_s": step_s, "busy_s": sum(busy.values()),
-                                  "stage_busy_s": [busy[i] for i in self.stage_indices]})
+        self._clock.end_step()
         if not self.is_last:
             return None
         return torch.stack([loss.detach() for loss in losses]).sum()  # each is loss / m: the sum is the mean
@@ -330,12 +411,20 @@ class PipelineRunner:
             raise invalid("pipeline.n_microbatches", f"a divisor of the batch's first dimension ({size})",
                           self.n_microbatches)
 
-    def stats(self) -> dict:
+    def stats(self, *, wait: bool = False) -> dict:
         """This rank's schedule and bubble, JSON-serialisable.
 
         Measured values are medians over the steps after the first (the first one infers
-        shapes and warms up communicators); None before two steps ran.
+        shapes and warms up communicators); None before two steps ran. `clock` says what
+        the seconds are: "host" (CPU: what the host ran) or "device" (CUDA events on the
+        stages' stream); `host_step_s` is the host's view of the step either way. On CUDA,
+        steps whose events have not completed yet are left out (`steps_pending`) unless
+        `wait` (for the end of a run: waits for the device once).
+
+        Args:
+            wait: on CUDA, wait for the pending steps' events instead of leaving them out.
         """
+        self._clock.resolve(wait=wait)
         theory, formula = theoretical_bubble_pct(self.schedule_name, ranks=self.world_size,
                                                  n_microbatches=self.n_microbatches,
                                                  stages_per_rank=self.stages_per_rank)
@@ -351,11 +440,15 @@ class PipelineRunner:
             "stages_per_rank": self.stages_per_rank,
             "stage_indices": list(self.stage_indices),
             "steps_measured": len(measured),
+            "steps_pending": self._clock.steps_pending,
+            "clock": self._clock.clock,
+            "device": self._clock.device.type,
             "bubble_pct": statistics.median(bubble) if bubble else None,
             "theoretical_bubble_pct": theory,
             "theoretical_formula": formula,
             "busy_s": busy_s,
             "step_s": step_s,
+            "host_step_s": statistics.median(s["host_step_s"] for s in measured) if measured else None,
             "stage_busy_s": [statistics.median(s["stage_busy_s"][k] for s in measured) if measured else None
                              for k in range(len(self.stage_indices))],
         }
@@ -391,7 +484,7 @@ def build_pipeline(model: nn.Module, cfg: PipelineConfig, *, loss_fn: Callable, 
     Call it on every rank of the default process group with the same arguments. The
     model is cut before each split point into `len(split_points) + 1` stages, which must
     be `world_size * cfg.stages_per_rank`; this rank's stages reuse the model's modules
-    (moved to `device`). The loss is computed per microbatch as `loss_fn(output,
+    (moved to `device`; the other stages' stay where they are). The loss is computed per microbatch as `loss_fn(output,
     target) / n_microbatches`: the schedule sums the microbatches' gradients, so with a
     batch-mean `loss_fn` the gradients equal those of `loss_fn(model(x), y)` on the whole
     batch, and they accumulate across steps like ordinary gradients.
@@ -401,7 +494,8 @@ def build_pipeline(model: nn.Module, cfg: PipelineConfig, *, loss_fn: Callable, 
             docstring); every rank builds it identically (same seed).
         cfg: schedule, n_microbatches, split_points and stages_per_rank.
         loss_fn: `loss_fn(output, target) -> scalar`, a mean over the microbatch.
-        example_inputs: a batch (tensor or tuple) to check the chain with.
+        example_inputs: a batch (tensor or tuple) to check the chain with, on any device (the
+            check runs where the model is; build it on the CPU when it does not fit one device).
         device: where this rank's stages run.
         rank: this rank in the default process group.
         world_size: ranks in the pipeline (the default group's size).
@@ -437,11 +531,13 @@ def build_pipeline(model: nn.Module, cfg: PipelineConfig, *, loss_fn: Callable, 
     if not segments:
         raise invalid("model", "a module with children to split", type(model).__name__)
     bounds = [0, *_split_indices(segments, names), len(segments)]
-    _check_is_chain(model, segments, example_inputs if isinstance(example_inputs, tuple) else (example_inputs,))
-
     device = torch.device(device)
+    # Checked where the model lives (it may be too large for one device); only this rank's stages move.
+    example_args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    _check_is_chain(model, segments, _to_device(example_args, _device_of_module(model, device)))
+
     indices = stage_indices_of(rank, schedule=cfg.schedule, world_size=world_size, stages_per_rank=v)
-    clock = _Clock(stage_indices=indices)
+    clock = _Clock(stage_indices=indices, device=device)
     stages, modules = [], []
     for index in indices:
         module = _StageModule(segments[bounds[index]:bounds[index + 1]]).to(device)

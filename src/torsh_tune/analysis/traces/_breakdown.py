@@ -19,7 +19,8 @@ def temporal_breakdown(timelines: dict[int, Timeline]) -> Table:
     definition): idle = time no kernel runs; compute = union of computation kernels;
     non-compute = the rest (communication and memcpy/memset not hidden under compute).
     On CPU timelines the "kernels" are main-thread operators and gloo worker spans, and
-    the span is the profiled steps.
+    the span is the profiled steps; the main thread's time inside c10d calls is not compute,
+    even where the call runs nested in an operator (DDP's all-reduce inside AccumulateGrad).
 
     Returns:
         One row per rank: rank, device, span_s, idle_s, compute_s, non_compute_s,
@@ -29,10 +30,9 @@ def temporal_breakdown(timelines: dict[int, Timeline]) -> Table:
     for rank, tl in timelines.items():
         lo, hi = tl.window_us
         s, e = iv.clip(tl.start_us, tl.end_us, lo, hi)
-        kind = tl.kind[(np.clip(tl.end_us, lo, hi) > np.clip(tl.start_us, lo, hi))]
         span = hi - lo
         busy = iv.total(s, e)
-        compute = iv.total(s[kind == COMPUTATION], e[kind == COMPUTATION])
+        compute = iv.total(*iv.clip(*tl.compute_intervals(), lo, hi))
         idle = span - busy
         non_compute = span - compute - idle
         pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
@@ -58,7 +58,7 @@ def comm_overlap(timelines: dict[int, Timeline]) -> Table:
     for rank, tl in timelines.items():
         lo, hi = tl.window_us
         comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
-        comp = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
+        comp = tl.compute_intervals()
         if tl.device == "cpu":
             comm, comp = iv.clip(*comm, lo, hi), iv.clip(*comp, lo, hi)
         comm_t, comp_t = iv.total(*comm), iv.total(*comp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["clip", "covers", "gaps", "merge", "overlap", "paint", "total"]
+__all__ = ["clip", "covers", "gaps", "merge", "overlap", "paint", "subtract", "total"]
 
 
 def merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -33,6 +33,31 @@ def overlap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) 
     """Length of (union of `a`) ∩ (union of `b`), by inclusion-exclusion."""
     both = total(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
     return total(*a) + total(*b) - both
+
+
+def subtract(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(union of `a`) minus (union of `b`), as sorted, disjoint (start, end)."""
+    a_s, a_e = merge(*a)
+    b_s, b_e = merge(*b)
+    if a_s.size == 0 or b_s.size == 0:
+        return a_s, a_e
+    out_s: list[float] = []
+    out_e: list[float] = []
+    j = 0
+    for s, e in zip(a_s.tolist(), a_e.tolist()):
+        while j < b_s.size and b_e[j] <= s:
+            j += 1
+        cur, k = s, j
+        while k < b_s.size and b_s[k] < e:
+            if b_s[k] > cur:
+                out_s.append(cur)
+                out_e.append(float(b_s[k]))
+            cur = max(cur, float(b_e[k]))
+            k += 1
+        if cur < e:
+            out_s.append(cur)
+            out_e.append(e)
+    return np.asarray(out_s, dtype=np.float64), np.asarray(out_e, dtype=np.float64)
 
 
 def clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _intervals as iv
 from ._model import RankTrace
 from ._symbols import SymbolTable
 from ._table import Table
@@ -32,6 +33,8 @@ class CommPatterns:
         c10d_ops: main-thread c10d operators that issue a collective.
         comm_waits: host operators that block until a collective finishes (idle-time causes).
         syncs: host calls that block until the device is done (idle-time causes).
+        comm_scopes: host annotations a framework puts around its own collectives (FSDP's): on
+            CPU, the main thread's time in them outside any leaf operator is a collective's wait.
     """
 
     nccl_kernels: tuple[str, ...] = (r"ncclKernel", r"ncclDevKernel")
@@ -41,6 +44,7 @@ class CommPatterns:
                        r"|Awaitable wait\(\)|wait_tensors")
     syncs: str = (r"^(?:cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy"
                   r"|hipStreamSynchronize|hipDeviceSynchronize|aten::item|aten::_local_scalar_dense)$")
+    comm_scopes: str = r"^FSDP::(?:all_gather|post_backward_reduce|reduce_scatter)(?: \(\d+\))?$"
 
     def nccl_regex(self) -> re.Pattern[str]:
         """One regex for all `nccl_kernels` patterns."""
@@ -66,6 +70,16 @@ class Timeline:
     window_us: tuple[float, float]
     launch_us: np.ndarray | None = None
     rows: np.ndarray | None = None
+    # CPU only: the main thread's own c10d calls. They often run nested inside an operator that
+    # counts as computation (DDP's all-reduce inside autograd's AccumulateGrad): that time is not compute.
+    main_comm_us: tuple[np.ndarray, np.ndarray] | None = None
+
+    def compute_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Computation intervals; on CPU without the main thread's time inside c10d calls."""
+        comp = (self.start_us[self.kind == COMPUTATION], self.end_us[self.kind == COMPUTATION])
+        if self.main_comm_us is not None and self.main_comm_us[0].size:
+            return iv.subtract(comp, self.main_comm_us)
+        return comp
 
 
 def step_spans(events: Table, symbols: SymbolTable) -> Table:
@@ -157,12 +171,45 @@ def main_thread(trace: RankTrace, symbols: SymbolTable) -> int:
     return int(tids[np.argmax(np.bincount(inverse, weights=ev["dur_us"][cpu]))])
 
 
+def _main_thread_comm(ev: Table, symbols: SymbolTable, patterns: CommPatterns, tid: int, main: np.ndarray,
+                      is_comm_issue: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The main thread's time in communication rather than compute, on a CPU trace.
+
+    Its own c10d calls, and the waits of the collectives a framework annotates (FSDP's
+    `FSDP::all_gather (i)`, `FSDP::post_backward_reduce (i)`): a synchronous collective's
+    `wait()` is no operator, so the time the thread blocks in it shows only as the self time
+    of whatever encloses it (an autograd operator such as `RegisterPostBackwardFunctionBackward`).
+    Inside such a scope, the time outside any leaf operator is the wait; leaf operators there
+    (FSDP's copy-in/copy-out) are compute.
+    """
+    s = ev["ts_us"][main]
+    e = s + ev["dur_us"][main]
+    issue = (s[is_comm_issue], e[is_comm_issue])
+    scope_rows = np.flatnonzero(~np.isnan(ev["dur_us"]) & (ev["tid"] == tid)
+                                & np.isin(ev["name_id"], symbols.ids_matching(patterns.comm_scopes)))
+    if scope_rows.size == 0 or s.size == 0:
+        return issue
+    scopes = (ev["ts_us"][scope_rows], ev["ts_us"][scope_rows] + ev["dur_us"][scope_rows])
+    order = np.lexsort((-e, s))  # by start, the enclosing operator first
+    so, eo = s[order], e[order]
+    leaf = np.ones(so.size, dtype=bool)
+    leaf[:-1] = so[1:] >= eo[:-1]  # on one thread operators nest: a parent's next operator starts inside it
+    waits = iv.subtract(scopes, (so[leaf], eo[leaf]))
+    return np.concatenate([issue[0], waits[0]]), np.concatenate([issue[1], waits[1]])
+
+
 def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Timeline:
     ev = trace.table
     timed = ~np.isnan(ev["dur_us"])
     tid = main_thread(trace, symbols)
     names_all = ev["name_id"]
-    main = np.flatnonzero(timed & (ev["tid"] == tid) & (ev["cat_id"] == symbols.id_of("cpu_op")))
+    # The main thread's operators, and its annotated Python work (a framework's hooks, the optimizer
+    # step): the host's compute on CPU. Not the step markers, data loading or communication scopes.
+    on_main = timed & (ev["tid"] == tid)
+    annotated = (on_main & (ev["cat_id"] == symbols.id_of("user_annotation"))
+                 & ~np.isin(names_all, symbols.ids_matching(
+                     rf"^ProfilerStep#|^enumerate\(DataLoader\)|{patterns.gloo_worker}|{patterns.comm_scopes}")))
+    main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated)
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
     is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))
     rows = np.concatenate([main, worker])
@@ -177,5 +224,6 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
         window = (float(s.min()), float(e.max()))
     else:
         window = (0.0, 0.0)
+    main_comm = _main_thread_comm(ev, symbols, patterns, tid, main, is_comm_issue)
     return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names_all[rows], window_us=window,
-                    rows=rows)
+                    rows=rows, main_comm_us=main_comm)

@@ -39,13 +39,18 @@ import torch
 import torch.distributed as dist
 
 from ...errors import invalid
-from ._base import CompressionState
+from ._base import CompressionState, used_on_current_stream
 from ._topk import select_topk
 
 __all__ = ["AdaptiveState", "adaptive_hook"]
 
 # torch >= 2.12 renamed the flat-tensor form (the old name warns on every call).
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _ALL_GATHER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
+    # Looked up at call time, so that the profiler's c10d capture (installed later) sees the call.
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
+
 _EXTRAS = 2  # float32 values carried by every bucket: (loss, squared local gradient norm)
 _MAX_HISTORY = 1000  # ratio changes kept in stats (the count goes on)
 
@@ -249,6 +254,7 @@ def adaptive_hook(state, bucket):  # noqa: ANN001, ANN201
     def decompress(f):  # noqa: ANN001, ANN202
         f.value()  # re-raises a failed collective
         t1 = time.perf_counter()
+        used_on_current_stream(out)  # allocated on the hook's stream, read on this callback's
         rows = out.view(ws, -1)
         all_vals = rows[:, : k * es].contiguous().view(buf.dtype)
         all_idx = rows[:, k * es: k * (es + 4)].contiguous().view(torch.int32).long()

@@ -13,6 +13,17 @@ second collectives go to a dedicated process group (`second_group`) and an
 `_OrderedIssuer` issues them in the order the hooks were called (the same on every rank),
 deferring an early one until its predecessors are issued. Deferring is not waiting: the
 callback returns at once and whoever completes the missing predecessor issues the rest.
+
+CUDA streams. `Future.then` runs every callback on a stream of its own from the pool, after
+the stream waited for the future's collective, and records the future's value on it. Two
+things are left to the hooks. A deferred second collective is issued from another bucket's
+callback, whose stream knows nothing of the kernels that prepared its input: the issuing
+stream first waits for an event recorded where `prepare` ran (`chain_second`), so the
+collective, `finish` and the gradient DDP reads all come after them. And a tensor allocated
+on one stream (a callback's, or the hook's) and read on another without passing through the
+future's value must be marked with `record_stream` on the reader (`used_on_current_stream`),
+or the caching allocator may hand its memory out again while the reader still reads it.
+Neither blocks the host.
 """
 
 from __future__ import annotations
@@ -24,7 +35,27 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressionState", "wire_bytes_of"]
+__all__ = ["CompressionState", "used_on_current_stream", "wire_bytes_of"]
+
+
+def used_on_current_stream(*tensors: torch.Tensor) -> None:
+    """Tell the CUDA caching allocator that the current stream uses `tensors` too (no-op on CPU).
+
+    For tensors allocated under another stream (an earlier callback's or the hook's) and
+    read here: their memory is not reused until the work queued here so far has run.
+    """
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
+def _stream_point(device: torch.device) -> Any:
+    """An event at the current end of this thread's current stream on `device` (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 class _OrderedIssuer:
@@ -133,6 +164,8 @@ class CompressionState:
         `prepare` runs in `first`'s callback and returns `issue`, which starts the second
         collective (on `second_group`) and returns its future; `finish` turns that future's
         value into the bucket's averaged gradient. Errors anywhere land in the returned future.
+        On CUDA, `issue` may run on another bucket's callback thread and stream: that stream
+        waits (on the device, not the host) for the kernels `prepare` queued before issuing.
         """
         result = torch.futures.Future(devices=[buf.device]) if buf.is_cuda else torch.futures.Future()
         ticket = self._issuer.reserve()
@@ -146,6 +179,7 @@ class CompressionState:
         def after_first(fut: torch.futures.Future) -> None:
             try:
                 issue = prepare(fut.value())
+                prepared = _stream_point(buf.device)
             except BaseException as exc:  # noqa: BLE001
                 self._issuer.submit(ticket, None)
                 result.set_exception(exc)
@@ -153,6 +187,8 @@ class CompressionState:
 
             def run_issue() -> None:
                 try:
+                    if prepared is not None:  # a deferred issue runs on another callback's stream
+                        torch.cuda.current_stream(buf.device).wait_event(prepared)
                     issue().then(after_second)
                 except BaseException as exc:  # noqa: BLE001
                     result.set_exception(exc)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._base import CompressionState
+from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["Int8State", "int8_hook"]
 
@@ -55,13 +55,17 @@ def int8_hook(state, bucket):  # noqa: ANN001, ANN201
         scale = torch.where(top > 0, top / state.levels, torch.ones_like(top)).to(buf.dtype)
         q = torch.round(buf / scale).clamp_(-state.levels, state.levels).to(torch.int8)
         if state.error_feedback:
-            torch.sub(buf, q.to(buf.dtype) * scale, out=state.error_of(bucket))
+            err = state.error_of(bucket)  # allocated on the hook's stream, written on this callback's
+            used_on_current_stream(err)
+            torch.sub(buf, q.to(buf.dtype) * scale, out=err)
         box["scale"] = scale
         state.add_time("compress_s", t1)
         return lambda: state.allreduce_future(q, group=state.second_group)
 
     def finish(value):  # noqa: ANN001, ANN202
         t2 = time.perf_counter()
+        # `scale` comes from prepare's callback stream; q (value[0]) is recorded by the future.
+        used_on_current_stream(box["scale"])
         buf.copy_(value[0]).mul_(box["scale"] / state.world_size)
         state.add_time("decompress_s", t2)
         return buf

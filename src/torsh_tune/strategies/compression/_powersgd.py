@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._base import CompressionState
+from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["PowerSGDState", "powersgd_hook"]
 
@@ -103,6 +103,8 @@ def powersgd_hook(state, bucket):  # noqa: ANN001, ANN201
     qs = state.q_memory.get(index) if state.warm_start else None
     if qs is None or [tuple(q.shape) for q in qs] != [(m, r) for (_, m), r in zip(shapes, ranks)]:
         qs = state._initial_q(index, shapes, buf.device)
+    else:
+        used_on_current_stream(*qs)  # the last iteration's, allocated on its finish callback's stream
     ps = [mat.float() @ q for (_, mat), q in zip(matrices, qs)]
     num_rest = sum(t.numel() for _, t in rest)
     # The uncompressed tensors travel with P: one collective instead of two.
@@ -134,6 +136,8 @@ def powersgd_hook(state, bucket):  # noqa: ANN001, ANN201
         offset = num_rest
         new_ps, new_qs = [], []
         err = state.error_of(bucket) if state.error_feedback else None
+        if err is not None:
+            used_on_current_stream(err)  # allocated on the hook's stream, written on this callback's
         for (start, mat), p in zip(matrices, ps):
             p_sum = total[offset: offset + p.numel()].view_as(p)
             offset += p.numel()
@@ -155,6 +159,7 @@ def powersgd_hook(state, bucket):  # noqa: ANN001, ANN201
     def finish(value):  # noqa: ANN001, ANN202
         t2 = time.perf_counter()
         total = value[0]
+        used_on_current_stream(*box["ps"])  # from prepare's callback stream (total is recorded by the future)
         offset = 0
         kept = []
         for (_, mat), p_hat, q in zip(matrices, box["ps"], box["qs"]):

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._base import CompressionState
+from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["TopKState", "topk_hook"]
 
@@ -73,6 +73,7 @@ def topk_hook(state, bucket):  # noqa: ANN001, ANN201
     def decompress(f):  # noqa: ANN001, ANN202
         f.value()  # re-raises a failed collective
         t1 = time.perf_counter()
+        used_on_current_stream(out)  # allocated on the hook's stream, read on this callback's
         rows = out.view(ws, -1)
         all_vals = rows[:, : k * es].contiguous().view(buf.dtype)
         all_idx = rows[:, k * es:].contiguous().view(torch.int32).long()

@@ -1,0 +1,242 @@
+"""The GPU check in one command (`make gpu-check`): what only a GPU can show, in one table.
+
+On a lent single-GPU machine (H100/H200) it runs, within one 10-minute call:
+  1. the `gpu`-marked tests;
+  2. a 1-rank NCCL DDP run and an FSDP2 run (applied by the script) under the profiler with a
+     trace window: the self-check table (always-on numbers vs the Kineto trace, same steps),
+     the step's clock, NVML samples inside the measured window and the peak memory;
+  3. the always-on overhead against bare runs, interleaved pairs (benchmarks/overhead.py);
+  4. two ranks sharing the GPU over gloo with CUDA tensors (NCCL refuses two ranks on one GPU).
+Without CUDA it runs what it can (the profiled runs on 2-rank gloo CPU) and says what it skipped.
+
+    .venv/bin/python benchmarks/gpu_check.py            # or: make gpu-check
+    python3 benchmarks/gpu_check.py --quick             # fewer steps and pairs
+
+Prints a table and one JSON line; with --out DIR also writes gpu_check.json and keeps the runs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "data" / "scripts"
+
+
+def _run(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, **(env or {})))
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(cmd, 124, stdout=str(exc.stdout or ""), stderr=f"timed out after {timeout} s")
+
+
+def _env() -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+                           "cuda": torch.cuda.is_available()}
+    if out["cuda"]:
+        out.update(gpu=torch.cuda.get_device_name(0), cuda_runtime=torch.version.cuda, num_gpus=torch.cuda.device_count(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return out
+
+
+def gpu_tests(timeout: float) -> dict[str, Any]:
+    """The gpu-marked tests; counts parsed from pytest's summary line."""
+    t0 = time.time()
+    # Only the files that hold gpu-marked tests: collecting the whole suite needs packages
+    # (playwright, optuna, dash) a lent GPU machine may not have.
+    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+    proc = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "200", *files],
+                timeout=timeout)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", tail[0])}
+    failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {"status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}", "wall_s": round(time.time() - t0, 1),
+            **counts, "failed_tests": failed, "summary": tail[0]}
+
+
+def profiled(name: str, script: Path, args: list[str], *, nproc: int, backend: str, runs: Path, steps: int,
+             window: str, timeout: float) -> dict[str, Any]:
+    """One profiled run: its self-check, clock, NVML samples and peak memory from the run directory."""
+    t0 = time.time()
+    proc = _run([sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", str(nproc), "--backend", backend,
+                 "--steps", str(steps), "--warmup-steps", "5", "--trace-window", window, "--quiet",
+                 "--runs-dir", str(runs), "--run-name", name, str(script), *args], timeout=timeout)
+    run = runs / name
+    out: dict[str, Any] = {"run": name, "status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}",
+                           "wall_s": round(time.time() - t0, 1)}
+    if proc.returncode != 0:
+        out["error"] = (proc.stdout + proc.stderr)[-1500:]
+    report = run / "report" / "report.json"
+    if not report.is_file():
+        return out
+    doc = json.loads(report.read_text())
+    summary = doc.get("summary") or {}
+    out.update(median_step_ms=_ms(summary.get("median_step_s")), clock=summary.get("clock"),
+               throughput=summary.get("throughput_samples_s"))
+    out["self_check"] = _self_check(doc)
+    out.update(_records(run))
+    return out
+
+
+def _self_check(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's self-check: always-on vs trace for the window's steps (overall row)."""
+    windows = doc.get("self_check")  # one entry per trace window (docs/report-schema.md)
+    if not isinstance(windows, list) or not windows or not isinstance(windows[0], dict):
+        return None
+    row = windows[0]
+    overall = row.get("overall") or {}
+    return {"window": row.get("window"), **{k: v for k, v in overall.items()
+            if isinstance(v, (int, float, str)) or v is None}, "findings": len(row.get("findings") or [])}
+
+
+def _records(run: Path) -> dict[str, Any]:
+    """Clock of the step records, collectives by issuer/clock, NVML samples and the peak memory."""
+    out: dict[str, Any] = {}
+    steps = [json.loads(line) for p in sorted((run / "ranks").glob("*.steps.jsonl"))
+             for line in p.read_text().splitlines() if line.strip()]
+    comm = [json.loads(line) for p in sorted((run / "ranks").glob("*.comm.jsonl"))
+            for line in p.read_text().splitlines() if line.strip()]
+    system = [json.loads(line) for p in sorted((run / "ranks").glob("*.system.jsonl"))
+              for line in p.read_text().splitlines() if line.strip()]
+    measured = [s for s in steps if not s.get("warmup")]
+    out["step_clocks"] = sorted({str(s.get("clock")) for s in measured})
+    if measured:
+        out["device_vs_host_step"] = _median([s["step_s"] / s["host_step_s"] for s in measured
+                                              if s.get("host_step_s")]) if any(s.get("host_step_s") for s in measured) else None
+    out["collectives"] = {f"{c.get('issuer')}/{c.get('collective')}/{c.get('clock')}": 0 for c in comm}
+    for c in comm:
+        out["collectives"][f"{c.get('issuer')}/{c.get('collective')}/{c.get('clock')}"] += 1
+    out["peak_mem_mib"] = round(max((s.get("peak_mem_bytes") or 0 for s in steps), default=0) / 2**20, 1)
+    gpu = [r for r in system if r.get("gpu_util_pct") is not None]
+    if measured and gpu:
+        lo = min(s["t_start"] for s in measured)
+        hi = max(s["t_end"] for s in measured)
+        inside = [r["gpu_util_pct"] for r in gpu if lo <= r["t"] <= hi]
+        out["nvml_samples"] = len(gpu)
+        out["nvml_samples_in_window"] = len(inside)
+        out["gpu_util_pct_in_window"] = round(sum(inside) / len(inside), 1) if inside else None
+    meta = run / "ranks" / "rank00000.meta.json"
+    if meta.is_file():
+        m = json.loads(meta.read_text())
+        out["device"] = m.get("device")
+        out["nvml"] = m.get("nvml")
+        out["notes"] = m.get("notes")
+    return out
+
+
+def overhead(pairs: int, steps: int, nproc: int, hidden: int, timeout: float) -> dict[str, Any]:
+    proc = _run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--pairs", str(pairs), "--steps", str(steps),
+                 "--nproc", str(nproc), "--hidden", str(hidden), "--skip", "20",
+                 "--script-args", "--batch-size 256"], timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
+    doc = json.loads(lines[-1])
+    return {"status": "ok", **{k: doc[k] for k in ("median_bare_ms", "median_torsh_ms", "delta_us_median",
+                                                   "overhead_pct_median", "overhead_pct_q1", "overhead_pct_q3", "pairs")}}
+
+
+def probe_cost(pairs: int, timeout: float) -> dict[str, Any]:
+    """benchmarks/cuda_probe_cost.py: bare vs probed DDP step loop in process, alternating."""
+    proc = _run([sys.executable, str(REPO / "benchmarks" / "cuda_probe_cost.py"), "--pairs", str(pairs)], timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
+    doc = json.loads(lines[-1])
+    return {"status": "ok", **{k: doc[k] for k in ("median_bare_us", "median_torsh_us", "delta_us_median", "delta_us_range")}}
+
+
+def _ms(v: Any) -> float | None:
+    return None if v is None else round(1e3 * float(v), 3)
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return round(values[len(values) // 2], 3) if values else None
+
+
+def _table(result: dict[str, Any]) -> str:
+    lines = [f"{'check':<34}{'result'}", "-" * 100]
+    for name, value in result["checks"].items():
+        if not isinstance(value, dict):
+            lines.append(f"{name:<34}{value}")
+            continue
+        keys = ("status", "summary", "median_step_ms", "clock", "step_clocks", "device_vs_host_step", "peak_mem_mib",
+                "nvml_samples_in_window", "gpu_util_pct_in_window", "overhead_pct_median", "delta_us_median",
+                "median_bare_us", "median_torsh_us")
+        brief = ", ".join(f"{k}={value[k]}" for k in keys if k in value and value[k] is not None)
+        lines.append(f"{name:<34}{brief}")
+        sc = value.get("self_check")
+        if isinstance(sc, dict):
+            lines.append(f"{'  self-check (always-on vs trace)':<34}" + ", ".join(f"{k}={v}" for k, v in sc.items()))
+        if value.get("collectives"):
+            lines.append(f"{'  collectives (issuer/op/clock)':<34}{value['collectives']}")
+    lines.append("skipped: " + ("; ".join(result["skipped"]) or "nothing"))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer steps and overhead pairs")
+    p.add_argument("--out", type=Path, help="keep the runs and write gpu_check.json here")
+    p.add_argument("--no-tests", action="store_true", help="skip the gpu-marked tests")
+    args = p.parse_args()
+    env = _env()
+    cuda = env["cuda"]
+    steps = 20 if args.quick else 40
+    checks: dict[str, Any] = {}
+    skipped: list[str] = []
+    work = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    runs = work / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    if cuda and not args.no_tests:
+        checks["gpu-marked tests"] = gpu_tests(timeout=240)
+    elif not cuda:
+        skipped.append("gpu-marked tests (no CUDA)")
+    if cuda:
+        checks["ddp, 1 rank, nccl"] = profiled(
+            "ddp-nccl", REPO / "examples" / "ddp_mlp.py", ["--hidden", "2048", "--batch-size", "256", "--steps", "100000",
+                                                           "--log-every", "100000"],
+            nproc=1, backend="nccl", runs=runs, steps=steps, window="20:5", timeout=150)
+        checks["fsdp2 by the script, 1 rank, nccl"] = profiled(
+            "fsdp2-nccl", SCRIPTS / "stack_fsdp2.py", ["--width", "1024", "--batch-size", "128"],
+            nproc=1, backend="nccl", runs=runs, steps=steps, window="20:5", timeout=150)
+        checks["ddp, 2 ranks on 1 gpu, gloo"] = profiled(
+            "ddp-gloo-cuda", REPO / "examples" / "ddp_mlp.py", ["--hidden", "1024", "--steps", "100000", "--log-every", "100000"],
+            nproc=2, backend="gloo", runs=runs, steps=steps, window="15:4", timeout=150)
+        checks["overhead vs bare, 1 rank, nccl"] = overhead(pairs=2 if args.quick else 4, steps=200, nproc=1, hidden=2048,
+                                                            timeout=240)
+        checks["probe cost per step, in process"] = probe_cost(pairs=2 if args.quick else 3, timeout=200)
+    else:
+        skipped += ["NCCL runs (no CUDA)", "2 ranks sharing a GPU over gloo (no CUDA)", "overhead on NCCL (no CUDA)"]
+        checks["ddp, 2 ranks, gloo cpu"] = profiled(
+            "ddp-gloo", REPO / "examples" / "ddp_mlp.py", ["--hidden", "256", "--steps", "100000", "--log-every", "100000"],
+            nproc=2, backend="gloo", runs=runs, steps=steps, window="15:4", timeout=150)
+        checks["fsdp2 by the script, 2 ranks, gloo cpu"] = profiled(
+            "fsdp2-gloo", SCRIPTS / "stack_fsdp2.py", [], nproc=2, backend="gloo", runs=runs, steps=steps,
+            window="15:4", timeout=150)
+    result = {"benchmark": "gpu_check", "env": env, "checks": checks, "skipped": skipped,
+              "date": time.strftime("%Y-%m-%d"), "work_dir": str(work)}
+    print(_table(result))
+    print(json.dumps(result, default=str))
+    if args.out:
+        (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str))
+    bad = [k for k, v in checks.items() if isinstance(v, dict) and v.get("status") != "ok"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

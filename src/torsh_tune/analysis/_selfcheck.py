@@ -1,0 +1,311 @@
+"""Self-check against ground truth: the always-on numbers beside a trace window's, same steps.
+
+A deep-trace window (``RUN/traces/<window>/``, indexed by ``RUN/traces/windows.jsonl``)
+holds whole steps annotated ``ProfilerStep#<step>`` with the step records' own indices, so
+both tiers can be read over exactly the same steps. Per rank, and as the mean of ranks:
+
+=====================  ==============================================  ==========================================
+metric                 always-on (step records of the compared steps)  trace (`analyze_traces` of the window)
+=====================  ==============================================  ==========================================
+step time              median ``step_s``                               median ``ProfilerStep#`` span (host), else
+                                                                       span / steps
+compute share          (forward + backward compute + optimizer) /      ``compute_pct`` (`temporal_breakdown`)
+                       step time (`phase_frame`)
+communication share    ``comm_s`` / step time                          ``comm_s`` / span (`comm_overlap`)
+exposed comm share     ``exposed_comm_s`` / step time                  ``exposed_comm_s`` / span (`comm_overlap`)
+=====================  ==============================================  ==========================================
+
+Shares are sums over the compared steps (the trace's are totals over its span); differences
+are always-on minus trace, in percentage points (pp), and in % of the trace's step time for
+the step time. A difference beyond ``[thresholds] selfcheck_pp`` is a finding.
+
+Clocks: the always-on side is the step records' ``clock`` ("host" or "device") when they
+carry one, else "host" (what the step probes time), marked as assumed. The trace's shares
+are device time on a GPU (kernels) and host time on a CPU (main-thread operators and gloo
+worker spans); its step time is host time (``ProfilerStep#`` annotations). On a GPU the
+trace analysis drops the kernels of the window's last step (cut off by the end of the
+window, as HTA does), so that step is left out of both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..config import ThresholdsConfig
+from ..rundir import RunDir
+from ._steps import phase_frame
+from ._types import SELF_CHECK_METRICS, SelfCheck
+
+__all__ = ["run_self_checks", "self_check", "trace_windows"]
+
+_WINDOW_RE = re.compile(r"^step(\d+)-(\d+)$")
+
+
+def trace_windows(run_dir: str | Path, warnings: list[str]) -> list[tuple[str, Path, tuple[int, int]]]:
+    """A run's trace windows that have trace files: (name, directory, (first step, last step)).
+
+    ``traces/windows.jsonl`` names them (one line per window and rank; the steps are the
+    ones actually traced, a truncated window's included); window directories missing from
+    it (a copied or older run) are taken by their ``stepAAAAA-BBBBB`` names.
+    """
+    root = RunDir(run_dir).traces
+    if not root.is_dir():
+        return []
+    steps: dict[str, tuple[int, int]] = {}
+    index = root / "windows.jsonl"
+    if index.is_file():
+        for i, line in enumerate(index.read_text(errors="replace").splitlines(), 1):
+            try:
+                rec = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                warnings.append(f"traces/windows.jsonl: line {i} is not JSON, skipped")
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("window"), str):
+                continue
+            if rec.get("error"):
+                warnings.append(f"trace window {rec['window']} rank {rec.get('rank')}: {rec['error']}")
+            first, last = rec.get("start_step"), rec.get("end_step")
+            if isinstance(first, int) and isinstance(last, int) and last >= first:
+                lo, hi = steps.get(rec["window"], (first, last))
+                steps[rec["window"]] = (min(lo, first), max(hi, last))
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not any(f.name.endswith((".json", ".json.gz")) for f in d.iterdir() if f.is_file()):
+            continue
+        m = _WINDOW_RE.match(d.name)
+        span = steps.get(d.name) or ((int(m.group(1)), int(m.group(2))) if m else None)
+        if span is None:
+            warnings.append(f"trace window {d.name}: its steps are unknown (not in traces/windows.jsonl), "
+                            "not compared with the step records")
+            continue
+        out.append((d.name, d, span))
+    return out
+
+
+def run_self_checks(run_dir: str | Path, steps: pd.DataFrame, *, thresholds: ThresholdsConfig,
+                    warnings: list[str]) -> tuple[SelfCheck, ...]:
+    """`self_check` of every trace window of a run (empty without windows); problems become warnings.
+
+    Args:
+        run_dir: the run directory.
+        steps: every step record of the run, warm-up included (a window may lie in warm-up).
+        thresholds: ``selfcheck_pp`` decides the findings; the trace analysis gets the rest.
+        warnings: appended to.
+    """
+    from .traces import analyze_traces  # numpy only, loaded when a run has traces
+
+    out = []
+    for name, path, span in trace_windows(run_dir, warnings):
+        try:
+            trace = analyze_traces(path, thresholds=thresholds)
+        except Exception as exc:  # noqa: BLE001 - a torn or odd trace costs the check, not the report
+            warnings.append(f"self-check of trace window {name} skipped: {type(exc).__name__}: {exc}")
+            continue
+        check = self_check(steps, trace, window=name, window_steps=span, threshold_pp=thresholds.selfcheck_pp,
+                           warnings=warnings)
+        if check is not None:
+            out.append(check)
+    return tuple(out)
+
+
+def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tuple[int, int],
+               threshold_pp: float, warnings: list[str] | None = None) -> SelfCheck | None:
+    """Compare the step records with a `TraceAnalysis` of one window over the same steps.
+
+    Args:
+        steps: step records (columns of `records.StepRecord`, plus ``clock`` when recorded).
+        trace: `analysis.traces.analyze_traces` of the window.
+        window: the window's name.
+        window_steps: (first, last) step the window traced; used when the trace has no
+            ``ProfilerStep#`` spans.
+        threshold_pp: differences beyond it (pp; % for the step time) are findings.
+        warnings: appended to when a rank cannot be compared.
+
+    Returns:
+        The SelfCheck, or None when no rank has both a trace and step records.
+
+    Example:
+        >>> from torsh_tune.analysis.traces import analyze_traces  # doctest: +SKIP
+        >>> sc = self_check(load_run(run).steps, analyze_traces(f"{run}/traces/step00008-00011"),
+        ...                 window="step00008-00011", window_steps=(8, 11), threshold_pp=10.0)  # doctest: +SKIP
+        >>> sc.overall["comm_diff_pp"]  # doctest: +SKIP
+    """
+    warnings = warnings if warnings is not None else []
+    t = trace.tables
+    breakdown = {int(r["rank"]): r for r in t["breakdown"].rows()}
+    overlap = {int(r["rank"]): r for r in t["overlap"].rows()}
+    spans = t["steps"]
+    rows = []
+    covered: list[int] = []
+    for rank in sorted(breakdown):
+        b, o = breakdown[rank], overlap.get(rank, {})
+        gpu = b["device"] == "gpu"
+        mine = spans[spans["rank"] == rank] if len(spans) else spans
+        prof = {int(s): float(v) for s, v in zip(mine["step"].tolist(), mine["step_s"].tolist())} if len(mine) else {}
+        compared = sorted(prof) if prof else list(range(window_steps[0], window_steps[1] + 1))
+        if gpu and len(prof) >= 2:
+            compared = compared[:-1]  # the trace analysis drops the kernels of the last ProfilerStep
+        records = steps[(steps["rank"] == rank) & steps["step"].isin(compared)]
+        if records.empty:
+            warnings.append(f"self-check of trace window {window}: rank {rank} has no step records for steps "
+                            f"{compared[0]}-{compared[-1]}")
+            continue
+        missing = sorted(set(compared) - set(records["step"].tolist()))
+        if missing:
+            warnings.append(f"self-check of trace window {window}: rank {rank} has no step records for "
+                            f"step(s) {_ranges(missing)}: its always-on numbers leave them out, the trace's "
+                            "shares do not")
+            compared = [s for s in compared if s not in missing]
+        covered += compared
+        span_s = float(b["span_s"])
+        trace_step_s = (float(np.median([prof[s] for s in compared])) if prof
+                        else span_s / len(compared) if compared else float("nan"))
+        ao = _always_on(records)
+        row: dict[str, Any] = {
+            "rank": rank,
+            "num_steps": len(compared),
+            "always_on_clock": ao.pop("clock"),
+            "always_on_clock_recorded": ao.pop("clock_recorded"),
+            "trace_clock": "device" if gpu else "host",
+            "trace_step_clock": "host" if prof else "device" if gpu else "host",
+            **ao,
+            "trace_step_s": trace_step_s,
+            "trace_compute_pct": float(b["compute_pct"]),
+            "trace_comm_pct": _share(o.get("comm_s"), span_s),
+            "trace_exposed_comm_pct": _share(o.get("exposed_comm_s"), span_s),
+        }
+        rows.append(_with_diffs(row))
+    if not rows:
+        return None
+    overall = _overall(rows, num_steps=len(set(covered)))
+    first, last = min(covered), max(covered)
+    return SelfCheck(
+        window=window,
+        start_step=first,
+        end_step=last,
+        device=",".join(sorted({"gpu" if r["trace_clock"] == "device" else "cpu" for r in rows})),
+        threshold_pp=float(threshold_pp),
+        per_rank=tuple(rows),
+        overall=overall,
+        findings=_findings(rows, overall, threshold_pp, first, last),
+    )
+
+
+def _always_on(records: pd.DataFrame) -> dict[str, Any]:
+    phases = phase_frame(records)
+    total = float(phases["step_s"].sum())
+    comm = pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).astype(float)
+    clocks = sorted({str(c) for c in records["clock"].dropna()}) if "clock" in records.columns else []
+    return {
+        "clock": "+".join(clocks) if clocks else "host",
+        "clock_recorded": bool(clocks),
+        "always_on_step_s": float(phases["step_s"].median()),
+        "always_on_compute_pct": _share(float((phases["forward"] + phases["backward_compute"]
+                                               + phases["optimizer"]).sum()), total),
+        "always_on_comm_pct": _share(float(comm.sum()), total),
+        "always_on_exposed_comm_pct": _share(float(phases["exposed_comm"].sum()), total),
+    }
+
+
+def _share(part: Any, total: float) -> float:
+    if not isinstance(part, (int, float)) or not np.isfinite(part) or not total > 0:
+        return float("nan")
+    return 100.0 * float(part) / total
+
+
+def _with_diffs(row: dict[str, Any]) -> dict[str, Any]:
+    ao, tr = row["always_on_step_s"], row["trace_step_s"]
+    row["step_diff_pct"] = 100.0 * (ao - tr) / tr if tr > 0 else float("nan")
+    for metric in ("compute", "comm", "exposed_comm"):
+        row[f"{metric}_diff_pp"] = row[f"always_on_{metric}_pct"] - row[f"trace_{metric}_pct"]
+    return row
+
+
+def _overall(rows: list[dict[str, Any]], *, num_steps: int) -> dict[str, Any]:
+    """The mean of ranks of every number (differences recomputed from the means)."""
+    def mean(key: str) -> float:
+        v = np.asarray([r[key] for r in rows], dtype=float)
+        v = v[np.isfinite(v)]
+        return float(v.mean()) if v.size else float("nan")
+
+    keys = [k for k in rows[0] if k.startswith(("always_on_", "trace_")) and not k.endswith(("clock", "recorded"))]
+    out: dict[str, Any] = {
+        "rank": None,
+        "num_steps": num_steps,
+        **{c: "+".join(sorted({str(r[c]) for r in rows})) for c in ("always_on_clock", "trace_clock",
+                                                                     "trace_step_clock")},
+        "always_on_clock_recorded": all(r["always_on_clock_recorded"] for r in rows),
+        **{k: mean(k) for k in keys},
+    }
+    return _with_diffs(out)
+
+
+def _findings(rows: list[dict[str, Any]], overall: dict[str, Any], threshold: float,
+              first: int, last: int) -> tuple[dict[str, Any], ...]:
+    out = []
+    for metric, label, unit in SELF_CHECK_METRICS:
+        diff_key = f"{metric}_diff_{unit}"
+        over = [r for r in rows if abs(r[diff_key]) > threshold]
+        if not over and not abs(overall[diff_key]) > threshold:
+            continue
+        worst = max(over or rows, key=lambda r: abs(r[diff_key]) if np.isfinite(r[diff_key]) else -1.0)
+        shown = worst if abs(worst[diff_key]) >= abs(overall[diff_key]) else overall
+        where = "mean of ranks" if shown is overall else f"rank {shown['rank']}"
+        unit_text = " pp" if unit == "pp" else " %"
+        ao_key, tr_key = (("always_on_step_s", "trace_step_s") if metric == "step"
+                          else (f"always_on_{metric}_pct", f"trace_{metric}_pct"))
+        ao, tr = shown[ao_key], shown[tr_key]
+        fmt = _ms if metric == "step" else (lambda v: f"{v:.1f} %")
+        message = (f"the always-on numbers disagree with the trace by {abs(shown[diff_key]):.1f}{unit_text} on "
+                   f"{label} (steps {first}-{last}): {where} always-on {fmt(ao)} ({shown['always_on_clock']} clock) "
+                   f"vs trace {fmt(tr)} ({shown['trace_step_clock' if metric == 'step' else 'trace_clock']} clock)")
+        if shown is not overall:
+            message += f"; mean of ranks {abs(overall[diff_key]):.1f}{unit_text}"
+        message += _why(metric, shown, tr)
+        out.append({
+            "metric": metric,
+            "unit": unit,
+            "diff": shown[diff_key],
+            "overall_diff": overall[diff_key],
+            "threshold": float(threshold),
+            "ranks": [int(r["rank"]) for r in over],
+            "start_step": first,
+            "end_step": last,
+            "message": message,
+        })
+    return tuple(out)
+
+
+def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:
+    """The known reasons for a disagreement on a GPU timeline (seen on an H100), when they apply."""
+    if row["trace_clock"] != "device":
+        return ""
+    if metric == "compute" and row["compute_diff_pp"] > 0:
+        return ("; on the device clock a phase spans the GPU's idle gaps between its kernels too, the trace counts "
+                "kernel time only: the steps are launch-bound (the host enqueues slower than the GPU runs)")
+    if metric in ("comm", "exposed_comm") and trace_value == 0:
+        return ("; the GPU timeline holds no NCCL kernel: gloo runs its collectives on host threads, and one NCCL "
+                "rank launches none")
+    return ""
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds with 3 significant digits ("15.0 ms", "118 ms")."""
+    ms = 1e3 * seconds
+    return f"{ms:.0f} ms" if abs(ms) >= 99.95 else f"{ms:.1f} ms" if abs(ms) >= 9.995 else f"{ms:.2f} ms"
+
+
+def _ranges(values: list[int]) -> str:
+    """Sorted step numbers as "3, 5-7"."""
+    out, start = [], values[0]
+    for prev, cur in zip(values, [*values[1:], None]):
+        if cur is None or cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(out)

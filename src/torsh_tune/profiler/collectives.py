@@ -1,0 +1,363 @@
+"""Every collective and p2p operation at the c10d layer, whoever issues it.
+
+DDP comm hooks, FSDP1/FSDP2, pipelining, Trainer/accelerate/Lightning helpers and a
+script's own `dist.all_reduce` all call the functions of `torch.distributed`; wrapping
+those (once per process, before the script runs) makes one `CommRecord` per outermost
+call: op, process group (ranks, backend), bytes, dtype, issuer, host issue time and a
+duration that says its clock.
+
+Clocks (design principle 6):
+- NCCL: device time. A CUDA event is recorded on the current stream before the call; the
+  end event after it (a synchronous NCCL call leaves the current stream waiting for the
+  collective) or, for `async_op=True`, in the work's future callback (NCCL runs it at
+  once, on streams that wait for the collective). Events are resolved later with
+  `query()` by the `StepTracker`; nothing here synchronizes.
+- gloo (and any other backend): host time. A synchronous call returns when the
+  collective has completed; an asynchronous one completes in its future's callback on
+  the backend's thread, which only timestamps and appends (never waits).
+The time the training thread itself blocks in `Work.wait()` is recorded as the
+collective's `blocked_s` (host time): with synchronous calls, the whole call.
+
+DDP's builtin C++ all-reduce never reaches Python: the reducer's own timers cover it on
+CPU, and on CUDA DDP is given a Python all-reduce hook so that its buckets come here.
+Probes are invisible to `torch.compile`: while Dynamo traces, the originals run.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ._clock import now
+from .steps import StepTracker
+
+__all__ = ["CollectiveCapture", "issuer_of"]
+
+# op name -> the argument whose tensors are the collective's size (nccl-tests' S: the whole
+# buffer of an all-gather's output / a reduce-scatter's input). None: sized by nested calls.
+_SIZE_ARG: dict[str, str | None] = {
+    "all_reduce": "tensor",
+    "all_reduce_coalesced": "tensors",
+    "broadcast": "tensor",
+    "reduce": "tensor",
+    "all_gather": "tensor_list",
+    "all_gather_coalesced": "output_tensor_lists",
+    "all_gather_into_tensor": "output_tensor",
+    "_all_gather_base": "output_tensor",
+    "all_gather_single": "output_tensor",
+    "reduce_scatter": "input_list",
+    "reduce_scatter_tensor": "input",
+    "_reduce_scatter_base": "input",
+    "reduce_scatter_single": "input",
+    "all_to_all": "input_tensor_list",
+    "all_to_all_single": "input",
+    "gather": "tensor",
+    "scatter": "tensor",
+    "send": "tensor",
+    "recv": "tensor",
+    "isend": "tensor",
+    "irecv": "tensor",
+    "batch_isend_irecv": "p2p_op_list",
+    "barrier": None,
+    "monitored_barrier": None,
+    "all_gather_object": None,
+    "broadcast_object_list": None,
+    "gather_object": None,
+    "scatter_object_list": None,
+    "send_object_list": None,
+    "recv_object_list": None,
+}
+# Names as records show them (nccl-tests / the trace parser's vocabulary).
+_OP_NAME = {
+    "_all_gather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "isend": "send",
+    "irecv": "recv",
+}
+_ALWAYS_ASYNC = {"isend", "irecv", "batch_isend_irecv"}
+
+# Caller module prefix -> issuer. The first frame outside torch.distributed's own c10d
+# plumbing and this module decides.
+_ISSUERS = (
+    ("torch.distributed.fsdp", "fsdp"),
+    ("torch.distributed._composable.fsdp", "fsdp"),
+    ("torch.distributed.pipelining", "pipeline"),
+    ("torch.nn.parallel", "ddp"),
+    ("torch.distributed.algorithms.ddp_comm_hooks", "ddp"),
+    ("torsh_tune.strategies.compression", "ddp"),
+    ("torsh_tune.strategies.collectives", "ddp"),
+    ("torsh_tune.strategies.pipeline", "pipeline"),
+    ("torsh_tune.strategies.fsdp", "fsdp"),
+    ("torsh_tune.profiler", "ddp"),
+    ("torsh_tune.runtime", "torsh-tune"),
+    ("torch.distributed.tensor", "dtensor"),
+    ("accelerate", "accelerate"),
+    ("transformers", "transformers"),
+    ("lightning", "lightning"),
+    ("pytorch_lightning", "lightning"),
+    ("deepspeed", "deepspeed"),
+)
+_PLUMBING = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger", __name__, "functools",
+             "torch._dynamo", "torch.utils._contextlib")
+
+
+def issuer_of(module_name: str) -> str:
+    """Who issued a collective called from `module_name` (ddp, fsdp, pipeline, user, ...)."""
+    for prefix, issuer in _ISSUERS:
+        if module_name == prefix or module_name.startswith(prefix + "."):
+            return issuer
+    return "user"
+
+
+_ISSUER_OF_CODE: dict[Any, str] = {}  # the calling function's code object -> issuer (one walk per call site)
+
+
+def _caller_issuer(frame: Any) -> str:
+    code = frame.f_code
+    issuer = _ISSUER_OF_CODE.get(code)
+    if issuer is None:
+        issuer = _ISSUER_OF_CODE[code] = _walk_issuer(frame)
+    return issuer
+
+
+def _walk_issuer(frame: Any) -> str:
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name == "__main__":  # a module run with -m (our bootstrap) keeps its real name in __spec__
+            spec = frame.f_globals.get("__spec__")
+            name = spec.name if spec is not None else name
+        if not name.startswith(_PLUMBING):
+            return issuer_of(name)
+        frame = frame.f_back
+    return "user"
+
+
+def _nbytes_dtype(value: Any) -> tuple[int, str | None]:
+    """Bytes and dtype of a tensor, a (nested) list of tensors, or a list of P2POps."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size(), str(value.dtype).removeprefix("torch.")
+    if isinstance(value, (list, tuple)):
+        total, dtype = 0, None
+        for v in value:
+            n, d = _nbytes_dtype(getattr(v, "tensor", v))
+            total += n
+            dtype = dtype or d
+        return total, dtype
+    return 0, None
+
+
+class _GroupInfo:
+    __slots__ = ("name", "ranks", "backend", "size")
+
+    def __init__(self, name: str, ranks: list[int], backend: str) -> None:
+        self.name, self.ranks, self.backend, self.size = name, ranks, backend, len(ranks)
+
+
+class CollectiveCapture:
+    """Wraps `torch.distributed`'s collectives; hands records to a `StepTracker`."""
+
+    def __init__(self, tracker: StepTracker, *, rank: int) -> None:
+        self.tracker = tracker
+        self.rank = rank
+        self._local = threading.local()  # depth of nested calls; the DDP bucket being reduced
+        self._groups: dict[int, _GroupInfo] = {}
+        self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
+        self.installed: list[str] = []
+        self.by_issuer: dict[str, dict[str, int]] = {}  # issuer -> {"count", "bytes"}, for meta.json
+
+    # -- installation -------------------------------------------------------------------
+    def install(self) -> None:
+        for name, size_arg in _SIZE_ARG.items():
+            original = getattr(c10d, name, None)
+            if original is None or getattr(original, "_torsh_capture", False):
+                continue
+            wrapper = self._wrap(name, original, size_arg)
+            setattr(c10d, name, wrapper)
+            if getattr(dist, name, None) is original:
+                setattr(dist, name, wrapper)
+            self.installed.append(name)
+        self._patch_wait()
+
+    def _patch_wait(self) -> None:
+        work_type = torch._C._distributed_c10d.Work
+        original = work_type.wait
+        if getattr(original, "_torsh_capture", False):
+            return
+        works, tracker = self._works, self.tracker
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            record = works.pop(id(work), None)
+            if record is None or torch.compiler.is_compiling():
+                return original(work, *args, **kwargs)
+            t0 = now()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                t1 = now()
+                record["blocked_s"] += t1 - t0
+                if record.pop("_on_wait", False):  # a work without a future: it completed when wait() returned
+                    record["t_complete"], record["duration_s"] = t1, t1 - record["t_issue"]
+                    tracker.on_collective(record)
+
+        wait._torsh_capture = True  # type: ignore[attr-defined]
+        work_type.wait = wait
+
+    def _wrap(self, name: str, original: Callable, size_arg: str | None) -> Callable:
+        params = list(inspect.signature(original).parameters)
+        i_group = params.index("group") if "group" in params else None
+        i_async = params.index("async_op") if "async_op" in params else None
+        i_size = params.index(size_arg) if size_arg in params else None
+        op = _OP_NAME.get(name, name)
+        always_async = name in _ALWAYS_ASYNC
+        local = self._local
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling() or getattr(local, "depth", 0):
+                if getattr(local, "depth", 0) and i_size is not None:
+                    outer = local.record
+                    if outer is not None and outer["_nested_size"]:
+                        n, d = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
+                                             args[i_size] if len(args) > i_size else None)
+                        outer["bytes"] += n
+                        outer["dtype"] = outer["dtype"] or d
+                return original(*args, **kwargs)
+            issuer = _caller_issuer(sys._getframe(1))
+            if issuer == "torsh-tune":  # our own teardown barrier is not the script's
+                return original(*args, **kwargs)
+            group = kwargs.get("group") if "group" in kwargs else (
+                args[i_group] if i_group is not None and len(args) > i_group else None)
+            async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
+                args[i_async] if i_async is not None and len(args) > i_async else False))
+            if i_size is not None:
+                nbytes, dtype = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
+                                              args[i_size] if len(args) > i_size else None)
+            else:
+                nbytes, dtype = 0, None
+            record = self._begin(op, group, nbytes, dtype, issuer, async_op, nested_size=i_size is None)
+            local.depth, local.record = 1, record
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.depth, local.record = 0, None
+            self._end(record, result)
+            return result
+
+        collective._torsh_capture = True  # type: ignore[attr-defined]
+        return collective
+
+    # -- records ------------------------------------------------------------------------
+    def _group(self, group: Any) -> _GroupInfo:
+        pg = group if group is not None else c10d._get_default_group()
+        info = self._groups.get(id(pg))
+        if info is None:
+            try:
+                ranks = dist.get_process_group_ranks(pg)
+            except Exception:  # noqa: BLE001 - a group this rank is not in
+                ranks = []
+            backend = str(dist.get_backend(pg))
+            label = "world" if pg is c10d._get_default_group() else getattr(pg, "group_name", "") or f"group{len(self._groups)}"
+            info = self._groups[id(pg)] = _GroupInfo(str(label), ranks, backend)
+        return info
+
+    def group_of(self, group: Any) -> dict[str, Any]:
+        """The record fields of a process group (None: the default group)."""
+        info = self._group(group)
+        return {"group": info.name, "group_ranks": info.ranks, "group_size": len(info.ranks), "backend": info.backend}
+
+    def _begin(self, op: str, group: Any, nbytes: int, dtype: str | None, issuer: str, async_op: bool,
+               *, nested_size: bool) -> dict[str, Any]:
+        tracker = self.tracker
+        info = self._group(group)
+        step, seq, index = tracker.next_comm()
+        totals = self.by_issuer.get(issuer)
+        if totals is None:
+            totals = self.by_issuer[issuer] = {"count": 0, "bytes": 0}
+        totals["count"] += 1
+        totals["bytes"] += nbytes
+        bucket = getattr(self._local, "bucket", None)
+        # Fields without a value are left out (the schema's defaults): fewer keys to build and encode.
+        record: dict[str, Any] = {
+            "rank": self.rank, "step": step, "seq": seq, "bucket": -1, "collective": op, "issuer": issuer,
+            "group": info.name, "group_ranks": info.ranks, "group_size": info.size, "backend": info.backend,
+            "bytes": nbytes, "wire_bytes": nbytes, "dtype": dtype, "async_op": async_op, "t_issue": now(),
+            "blocked_s": 0.0, "clock": "host", "_nested_size": nested_size,
+        }
+        if bucket is not None:
+            record["bucket"], record["hook"] = bucket[0], bucket[1]
+            if bucket[2] is not None:  # only the bucket's first collective carries its gradient bytes
+                record["grad_bytes"], record["num_tensors"] = bucket[2], bucket[3]
+                self._local.bucket = (bucket[0], bucket[1], None, None)
+        if info.backend == "nccl" and tracker.device_events is not None:
+            record["clock"] = "device"
+            record["stream"] = "default" if tracker.device_events.current_stream()[1] else "side"
+            record["_start"] = tracker.device_events.record()
+        return record
+
+    def _end(self, record: dict[str, Any], result: Any) -> None:
+        del record["_nested_size"]
+        t_return = now()
+        work = result if isinstance(result, torch._C._distributed_c10d.Work) else (
+            result[-1] if isinstance(result, list) and result and isinstance(result[-1], torch._C._distributed_c10d.Work)
+            else None)
+        device = record["clock"] == "device"
+        if work is None or not record["async_op"]:
+            # Synchronous: done on return (gloo), or the current stream now waits for it (NCCL).
+            record["blocked_s"] = t_return - record["t_issue"]
+            if device:
+                record["_end"] = self.tracker.device_events.record()
+            else:
+                record["t_complete"] = t_return
+                record["duration_s"] = t_return - record["t_issue"]
+            self.tracker.on_collective(record)
+            return
+        self._works[id(work)] = record
+        if len(self._works) > 4096:  # works nobody waits on (futures instead): forget the oldest
+            for key in list(self._works)[:2048]:
+                del self._works[key]
+        tracker, events = self.tracker, self.tracker.device_events
+
+        def _complete(fut: Any) -> None:
+            if device:
+                record["_end"] = events.record()
+            else:
+                record["t_complete"] = now()
+                record["duration_s"] = record["t_complete"] - record["t_issue"]
+            tracker.on_collective(record)
+
+        try:
+            work.get_future().then(_complete)
+        except RuntimeError:
+            # No future for this work (some p2p works): completion is when wait() returns (host clock).
+            record["_on_wait"] = True
+            record["clock"] = "host"
+            record.pop("_start", None)
+
+    # -- DDP buckets --------------------------------------------------------------------
+    def bucket(self, index: int, hook: str, grad_bytes: int, num_tensors: int) -> "_BucketScope":
+        """Context for a DDP comm hook call: its collectives carry the bucket's index and hook."""
+        return _BucketScope(self._local, (index, hook, grad_bytes, num_tensors))
+
+
+class _BucketScope:
+    __slots__ = ("_local", "_value", "_prev")
+
+    def __init__(self, local: threading.local, value: tuple) -> None:
+        self._local, self._value = local, value
+
+    def __enter__(self) -> None:
+        self._prev = getattr(self._local, "bucket", None)
+        self._local.bucket = self._value
+
+    def __exit__(self, *exc: Any) -> None:
+        self._local.bucket = self._prev

@@ -1,0 +1,267 @@
+"""Self-check against ground truth: the always-on numbers beside a trace window's, same steps.
+
+Unit tests run on tests/data/trace_window (a real `torsh-tune profile --trace-window 8:4`
+of examples/ddp_mlp.py, see tests/data/trace_window/README.md); the last test profiles a
+real 2-rank gloo DDP run through the CLI and checks that the two tiers agree.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from torsh_tune.analysis import analyze_run, load_run, self_check, trace_windows
+from torsh_tune.analysis.traces import analyze_traces
+from torsh_tune.config import ThresholdsConfig
+
+from .conftest import DATA, SCENARIOS, read_jsonl, rewrite_jsonl
+
+RUN = "trace_window"
+WINDOW = "step00008-00011"
+STEPS = range(8, 12)
+
+
+def _by_rank(check) -> dict[int, dict]:
+    return {r["rank"]: r for r in check.per_rank}
+
+
+def test_the_recorded_window_is_compared_on_its_own_steps():
+    a = analyze_run(DATA / RUN)
+    assert a.warnings == ()
+    (check,) = a.self_check
+    assert (check.window, check.start_step, check.end_step, check.device) == (WINDOW, 8, 11, "cpu")
+    assert check.threshold_pp == ThresholdsConfig().selfcheck_pp == 10.0
+    assert sorted(_by_rank(check)) == [0, 1] and check.overall["rank"] is None
+    for row in (*check.per_rank, check.overall):
+        assert row["num_steps"] == 4
+        # The records say which clock they used; a CPU trace is host operator time.
+        assert (row["always_on_clock"], row["always_on_clock_recorded"]) == ("host", True)
+        assert (row["trace_clock"], row["trace_step_clock"]) == ("host", "host")
+
+
+def test_numbers_are_those_of_the_records_and_the_trace_tables():
+    (check,) = analyze_run(DATA / RUN).self_check
+    trace = analyze_traces(DATA / RUN / "traces" / WINDOW)
+    breakdown = {r["rank"]: r for r in trace.tables["breakdown"].rows()}
+    overlap = {r["rank"]: r for r in trace.tables["overlap"].rows()}
+    spans = trace.tables["steps"].rows()
+    for rank, row in _by_rank(check).items():
+        recs = [r for r in read_jsonl(DATA / RUN / "ranks" / f"rank{rank:05d}.steps.jsonl") if r["step"] in STEPS]
+        total = sum(r["step_s"] for r in recs)
+        compute = sum(max(0.0, r[f"{p}_s"] - (r[f"{p}_exposed_comm_s"] or 0.0))
+                      for r in recs for p in ("forward", "backward", "optimizer"))
+        span = breakdown[rank]["span_s"]
+        expected = {
+            "always_on_step_s": statistics.median(r["step_s"] for r in recs),
+            "always_on_compute_pct": 100 * compute / total,
+            "always_on_comm_pct": 100 * sum(r["comm_s"] for r in recs) / total,
+            "always_on_exposed_comm_pct": 100 * sum(r["exposed_comm_s"] for r in recs) / total,
+            "trace_step_s": statistics.median(s["step_s"] for s in spans if s["rank"] == rank),
+            "trace_compute_pct": breakdown[rank]["compute_pct"],
+            "trace_comm_pct": 100 * overlap[rank]["comm_s"] / span,
+            "trace_exposed_comm_pct": 100 * overlap[rank]["exposed_comm_s"] / span,
+        }
+        assert {k: row[k] for k in expected} == pytest.approx(expected)
+        assert row["step_diff_pct"] == pytest.approx(100 * (row["always_on_step_s"] / row["trace_step_s"] - 1))
+        for m in ("compute", "comm", "exposed_comm"):
+            assert row[f"{m}_diff_pp"] == pytest.approx(row[f"always_on_{m}_pct"] - row[f"trace_{m}_pct"])
+    ranks = check.per_rank
+    for key in ("always_on_comm_pct", "trace_comm_pct", "always_on_step_s", "trace_exposed_comm_pct"):
+        assert check.overall[key] == pytest.approx(sum(r[key] for r in ranks) / len(ranks))
+    assert check.overall["comm_diff_pp"] == pytest.approx(check.overall["always_on_comm_pct"]
+                                                         - check.overall["trace_comm_pct"])
+
+
+def test_the_recorded_disagreement_is_a_finding():
+    # Steps of 10-20 ms on 2 cores shared by 2 ranks (tests/data/trace_window/README.md): the
+    # exposed all-reduce and the step time move with scheduling; the self-check says so.
+    (check,) = analyze_run(DATA / RUN).self_check
+    found = {f["metric"]: f for f in check.findings}
+    assert {"step", "exposed_comm"} <= set(found)
+    exposed = found["exposed_comm"]
+    worst = max(exposed["ranks"], key=lambda r: abs(_by_rank(check)[r]["exposed_comm_diff_pp"]))
+    row = _by_rank(check)[worst]
+    assert exposed["message"].startswith(
+        f"the always-on numbers disagree with the trace by {abs(row['exposed_comm_diff_pp']):.1f} pp on exposed "
+        f"communication share (steps 8-11): rank {worst} always-on {row['always_on_exposed_comm_pct']:.1f} % "
+        f"(host clock) vs trace {row['trace_exposed_comm_pct']:.1f} % (host clock)")
+    assert exposed["unit"] == "pp" and exposed["threshold"] == 10.0
+    assert all(abs(_by_rank(check)[r]["exposed_comm_diff_pp"]) > 10.0 for r in exposed["ranks"])
+    assert exposed["overall_diff"] == pytest.approx(check.overall["exposed_comm_diff_pp"])
+    assert (exposed["start_step"], exposed["end_step"]) == (8, 11)
+
+
+def test_a_planted_disagreement_is_a_finding(run_copy):
+    run = run_copy(RUN)
+
+    def no_comm(r: dict) -> dict:  # rank 1 "forgets" its communication in the traced steps
+        if r["step"] in STEPS:
+            r.update(comm_s=0.0, exposed_comm_s=0.0, backward_exposed_comm_s=0.0)
+        return r
+
+    rewrite_jsonl(run / "ranks" / "rank00001.steps.jsonl", no_comm)
+    (check,) = analyze_run(run).self_check
+    row = _by_rank(check)[1]
+    assert row["always_on_comm_pct"] == 0.0 and row["comm_diff_pp"] == pytest.approx(-row["trace_comm_pct"])
+    comm = next(f for f in check.findings if f["metric"] == "comm")
+    assert comm["ranks"] == [1]
+    assert comm["message"].startswith(f"the always-on numbers disagree with the trace by "
+                                      f"{row['trace_comm_pct']:.1f} pp on communication share (steps 8-11): "
+                                      f"rank 1 always-on 0.0 % (host clock) vs trace ")
+
+
+def test_the_threshold_comes_from_the_run_config(run_copy):
+    run = run_copy(RUN)
+    config = json.loads((run / "config.json").read_text())
+    config.setdefault("thresholds", {})["selfcheck_pp"] = 50.0
+    (run / "config.json").write_text(json.dumps(config))
+    (check,) = analyze_run(run).self_check
+    assert check.threshold_pp == 50.0 and check.findings == ()
+    (check,) = analyze_run(run, thresholds=ThresholdsConfig(selfcheck_pp=5.0)).self_check
+    assert {f["metric"] for f in check.findings} == {"step", "compute", "exposed_comm", "comm"}
+
+
+def test_the_records_clock_is_shown_beside_their_numbers(run_copy):
+    run = run_copy(RUN)
+    rewrite_jsonl(run / "ranks" / "rank00000.steps.jsonl", lambda r: {**r, "clock": "device"})
+    (check,) = analyze_run(run).self_check
+    assert _by_rank(check)[0]["always_on_clock"] == "device" and _by_rank(check)[1]["always_on_clock"] == "host"
+    assert check.overall["always_on_clock"] == "device+host"
+    step = _by_rank(check)[0]["always_on_step_s"]
+    assert f"rank 0 always-on {1e3 * step:.1f} ms (device clock)" in " ".join(f["message"] for f in check.findings)
+
+    rewrite_jsonl(run / "ranks" / "rank00000.steps.jsonl", lambda r: {k: v for k, v in r.items() if k != "clock"})
+    (check,) = analyze_run(run).self_check  # records written before clocks were recorded
+    assert _by_rank(check)[0]["always_on_clock"] == "host"
+    assert not _by_rank(check)[0]["always_on_clock_recorded"] and not check.overall["always_on_clock_recorded"]
+
+
+def test_a_window_missing_from_the_index_is_found_by_its_name(run_copy):
+    run = run_copy(RUN)
+    (run / "traces" / "windows.jsonl").unlink()
+    warnings: list[str] = []
+    assert [(n, s) for n, _, s in trace_windows(run, warnings)] == [(WINDOW, (8, 11))] and warnings == []
+    (run / "traces" / WINDOW).rename(run / "traces" / "mine")
+    assert trace_windows(run, warnings) == []
+    assert "trace window mine: its steps are unknown" in warnings[0]
+
+
+def test_an_unreadable_trace_costs_the_check_not_the_report(run_copy):
+    run = run_copy(RUN)
+    path = run / "traces" / WINDOW / "rank-1.json.gz"
+    path.write_bytes(path.read_bytes()[:2000])  # torn gzip
+    a = analyze_run(run)
+    assert a.self_check == () and a.steps is not None
+    assert any(w.startswith(f"self-check of trace window {WINDOW} skipped:") for w in a.warnings)
+
+
+def test_missing_step_records_are_left_out_and_said(run_copy):
+    run = run_copy(RUN)
+    rewrite_jsonl(run / "ranks" / "rank00000.steps.jsonl", lambda r: r if r["step"] != 9 else {"torn": True})
+    a = analyze_run(run)
+    (check,) = a.self_check
+    assert _by_rank(check)[0]["num_steps"] == 3 and _by_rank(check)[1]["num_steps"] == 4
+    assert any("rank 0 has no step records for step(s) 9" in w for w in a.warnings)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_runs_without_traces_have_no_self_check(name):
+    assert analyze_run(DATA / name).self_check == ()
+
+
+def test_a_gpu_trace_is_device_time_and_leaves_the_cut_off_last_step_out():
+    # HTA's sampled NCCL trace holds ProfilerStep#551 and #552; the kernels of the last one
+    # are dropped by the trace analysis (cut off by the window's end), so both sides compare 551.
+    trace = analyze_traces(DATA / "traces" / "hta-sampled-2rank")
+    steps = pd.DataFrame([
+        {"rank": r, "step": s, "step_s": 0.6, "data_s": 0.0, "forward_s": 0.1, "backward_s": 0.3,
+         "optimizer_s": 0.05, "comm_s": 0.2, "exposed_comm_s": 0.1, "clock": "device"}
+        for r in (0, 1) for s in (550, 551, 552)])
+    check = self_check(steps, trace, window="w", window_steps=(551, 552), threshold_pp=10.0)
+    assert (check.start_step, check.end_step, check.device) == (551, 551, "gpu")
+    row = _by_rank(check)[0]
+    assert (row["always_on_clock"], row["trace_clock"], row["trace_step_clock"]) == ("device", "device", "host")
+    assert row["always_on_comm_pct"] == pytest.approx(100 * 0.2 / 0.6)
+    assert row["always_on_compute_pct"] == pytest.approx(100 * (0.1 + 0.3 - 0.1 + 0.05) / 0.6)
+    assert row["trace_step_s"] == pytest.approx(trace.steps.query("rank == 0 and step == 551")["step_s"].item())
+    assert row["trace_compute_pct"] == pytest.approx(trace.breakdown.set_index("rank").loc[0, "compute_pct"])
+
+
+def test_ranks_without_step_records_are_said():
+    trace = analyze_traces(DATA / "traces" / "gloo-ddp-2rank")
+    steps = load_run(DATA / RUN).steps  # steps 0-22 of another run: the trace's ProfilerSteps are 2, 3
+    warnings: list[str] = []
+    check = self_check(steps[steps["rank"] == 0], trace, window="w", window_steps=(2, 3), threshold_pp=10.0,
+                       warnings=warnings)
+    assert [r["rank"] for r in check.per_rank] == [0]
+    assert warnings == ["self-check of trace window w: rank 1 has no step records for steps 2-3"]
+    assert self_check(steps.iloc[:0], trace, window="w", window_steps=(2, 3), threshold_pp=10.0) is None
+
+
+def test_trace_fixture_is_small():
+    files = [p for p in (DATA / RUN).rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) < 256 * 1024
+    for p in (DATA / RUN / "traces" / WINDOW).iterdir():
+        json.loads(gzip.decompress(p.read_bytes()))  # whole, readable Kineto traces
+    assert not list(Path(DATA / RUN).glob("*.parquet"))  # the JSONL records are the fixture
+
+
+# -- a real run ----------------------------------------------------------------------------
+# examples/ddp_mlp.py at --hidden 1024: ~0.1 s steps, so that the scheduling delays of two
+# ranks on two cores (milliseconds) stay small beside what is compared; 8 traced steps.
+# Measured on this kind of machine (2 cores): step time within 2 % and, with the reducer's own
+# exposed time, compute within 4 pp and exposed communication within 3.3 pp on every rank.
+
+REAL_ARGS = ("--nproc-per-node", "2", "--steps", "12", "--warmup-steps", "2", "--trace-window", "4:8")
+# DDP's builtin all-reduce is one record per step from the reducer's timers: from the first
+# bucket's launch to the end of communication, the gaps between buckets included, where the
+# trace counts the union of the collectives. Measured: +3 to +7 pp, so the comm share is held to
+# 10 pp here; per-collective records (FSDP2, a hand-written all-reduce: test_stacks.py) to 5 pp.
+TOLERANCE_PP = {"compute": 5.0, "comm": 10.0, "exposed_comm": 5.0}
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    from helpers import EXAMPLES, run_cli
+
+    runs = tmp_path_factory.mktemp("selfcheck") / "runs"
+    proc = run_cli("profile", *REAL_ARGS, "--runs-dir", str(runs), "--run-name", "r", str(EXAMPLES / "ddp_mlp.py"),
+                   "--hidden", "1024", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return runs / "r", proc.stdout
+
+
+def test_a_real_run_reports_its_self_check(real_run):
+    run, stdout = real_run
+    (check,) = json.loads((run / "report" / "report.json").read_text())["self_check"]
+    assert (check["window"], check["start_step"], check["end_step"], check["device"]) == ("step00004-00011", 4, 11,
+                                                                                       "cpu")
+    assert [r["rank"] for r in check["per_rank"]] == [0, 1]
+    assert all(r["num_steps"] == 8 and r["always_on_clock"] == "host" and r["always_on_clock_recorded"]
+               for r in check["per_rank"])
+    assert "Self-check against trace window step00004-00011" in stdout
+    assert "## Self-check against the traces" in (run / "report" / "report.md").read_text()
+
+
+def test_a_real_run_agrees_on_step_time(real_run):
+    (check,) = analyze_run(real_run[0]).self_check
+    assert abs(check.overall["step_diff_pct"]) <= 5.0, _rows(check)
+
+
+@pytest.mark.parametrize("metric", [
+    "compute", "comm", "exposed_comm",
+])
+def test_a_real_run_agrees_with_its_trace(real_run, metric):
+    (check,) = analyze_run(real_run[0]).self_check
+    assert abs(check.overall[f"{metric}_diff_pp"]) <= TOLERANCE_PP[metric], _rows(check)
+
+
+def _rows(check) -> str:
+    keys = ("step_diff_pct", "compute_diff_pp", "comm_diff_pp", "exposed_comm_diff_pp")
+    return "; ".join(f"rank {r['rank']}: " + ", ".join(f"{k}={r[k]:+.1f}" for k in keys)
+                     for r in (*check.per_rank, check.overall))

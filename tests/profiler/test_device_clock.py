@@ -1,0 +1,66 @@
+"""The device clock on CUDA: phases and NCCL collectives in device time, no per-step synchronize.
+
+Skipped without CUDA (run by `make gpu-check` where a GPU is lent). One GPU: NCCL runs one
+rank; two ranks share the GPU over gloo with CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from torsh_tune.rundir import RunDir
+
+from helpers import EXAMPLES, SCRIPTS, read_jsonl, run_cli
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+STEPS, WARMUP = 20, 3
+
+
+def _profile(tmp_path, name: str, script, *args: str, nproc: int = 1, backend: str = "nccl") -> RunDir:
+    proc = run_cli("profile", "--nproc-per-node", str(nproc), "--backend", backend, "--steps", str(STEPS),
+                   "--warmup-steps", str(WARMUP), "--quiet", "--runs-dir", str(tmp_path / "runs"), "--run-name", name,
+                   str(script), *args, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return RunDir(tmp_path / "runs" / name)
+
+
+def test_ddp_on_nccl_records_device_time_beside_the_host_time(tmp_path):
+    run = _profile(tmp_path, "ddp", EXAMPLES / "ddp_mlp.py", "--hidden", "1024", "--steps", "100000",
+                   "--log-every", "100000")
+    steps = read_jsonl(run.rank_file(0, "steps"))
+    assert len(steps) == STEPS + WARMUP
+    measured = [s for s in steps if not s["warmup"]]
+    assert {s["clock"] for s in measured} == {"device"}
+    for s in measured:
+        assert s["step_s"] > 0 and s["host_step_s"] > 0 and s["forward_s"] > 0 and s["backward_s"] > 0
+        # Phases are device spans inside the step.
+        assert s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["step_s"] * 1.01
+    # The loss is copied to pinned memory on the stream and read once the step completed.
+    assert any(s["loss"] is not None for s in measured)
+    comm = read_jsonl(run.rank_file(0, "comm"))
+    # DDP's builtin all-reduce: PyTorch's own sampled CUDA timers (iterations 1-10, then every 100th).
+    assert comm and {(c["issuer"], c["clock"], c["hook"]) for c in comm} == {("ddp", "device", "builtin")}
+    meta = json.loads(run.rank_file(0, "meta").read_text())
+    assert meta["device"] == "cuda" and (meta["nvml"] == "ok" or meta["nvml"].startswith("matched by index"))
+
+
+def test_a_hand_written_nccl_all_reduce_is_timed_on_the_device(tmp_path):
+    run = _profile(tmp_path, "allreduce", SCRIPTS / "stack_allreduce.py", "--width", "1024")
+    comm = read_jsonl(run.rank_file(0, "comm"))
+    assert comm and {(c["issuer"], c["clock"], c["backend"]) for c in comm} == {("user", "device", "nccl")}
+    assert all(c["duration_s"] is not None and c["duration_s"] >= 0 and c["stream"] == "default" for c in comm)
+    steps = [s for s in read_jsonl(run.rank_file(0, "steps")) if not s["warmup"]]
+    assert {s["clock"] for s in steps} == {"device"}
+
+
+def test_two_ranks_share_the_gpu_over_gloo_with_cuda_tensors(tmp_path):
+    run = _profile(tmp_path, "gloo", EXAMPLES / "ddp_mlp.py", "--hidden", "512", "--steps", "100000",
+                   "--log-every", "100000", nproc=2, backend="gloo")
+    for rank in (0, 1):
+        steps = [s for s in read_jsonl(run.rank_file(rank, "steps")) if not s["warmup"]]
+        assert len(steps) == STEPS and {s["clock"] for s in steps} == {"device"}
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        assert comm and {c["backend"] for c in comm} == {"gloo"}
