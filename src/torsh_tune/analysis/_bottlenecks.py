@@ -292,7 +292,9 @@ def _gpu_util(system: SystemStats | None, pct: dict[str, float], th: ThresholdsC
         "data_wait_pct": round(pct.get("data", 0.0), 2),
         "exposed_comm_pct": round(pct.get("exposed_comm", 0.0), 2),
     }
-    message = f"GPUs are busy {util:.0f} % of the time (below {th.gpu_util_medium_pct:g} %)"
+    # NVML counts a kernel waiting in a collective as busy: the utilisation bounds useful work from above.
+    message = (f"GPUs are busy {util:.0f} % of the time (below {th.gpu_util_medium_pct:g} %; NVML counts a "
+               "kernel waiting in a collective as busy)")
     return [(Bottleneck(category="computation", severity="medium", ranks=ranks, evidence=evidence,
                         message=message), 100.0 - util)]
 
