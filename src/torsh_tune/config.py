@@ -98,14 +98,17 @@ class ProfilerConfig:
     """The always-on profiler inside each rank."""
 
     enabled: bool = _f(True, "Record step, communication and system records.")
-    loss_every: int = _f(10, "Read the loss every k steps (a host sync on GPU, so not every step).")
+    loss_every: int = _f(10, "Read the loss every k steps (on GPU copied to pinned memory on the stream and read "
+                             "once the step completed: no sync).")
     system_interval_s: float = _f(1.0, "Seconds between system samples (CPU, RSS, NVML).")
     flush_interval_s: float = _f(1.0, "Records are flushed to disk at least this often.")
     comm_hook_timing: bool = _f(
         False,
-        "Time every DDP bucket with a Python comm-hook wrapper (per-bucket records, a future hop per bucket). "
-        "Off: PyTorch's C++ all-reduce stays and DDP's own timers give one record per step; a Python hook "
-        "(the script's or compression) is always timed per bucket, at no extra cost.",
+        "Route every DDP bucket through a Python all-reduce hook, so that each bucket's collective is captured "
+        "(per-bucket records; a future hop per bucket: ~90 us on gloo, ~1.3 ms per step measured on an H100). "
+        "Off: PyTorch's C++ all-reduce stays and DDP's own timers give one record per step (on CUDA: at the "
+        "iterations DDP samples, 1-10 then every 100th); a Python hook (the script's or compression) is always "
+        "captured per bucket.",
     )
     trace_window: str | None = _f(
         None, "Deep-trace steps START:LEN with torch.profiler, e.g. '20:5' traces steps 20-24 (0-based, as in step records)."
