@@ -125,7 +125,9 @@ def _caller_issuer(frame: Any) -> str:
     code = frame.f_code
     issuer = _ISSUER_OF_CODE.get(code)
     if issuer is None:
-        issuer = _ISSUER_OF_CODE[code] = _walk_issuer(frame)
+        issuer = _walk_issuer(frame)
+        if not frame.f_globals.get("__name__", "").startswith(_PLUMBING):  # shared plumbing: its callers differ
+            _ISSUER_OF_CODE[code] = issuer
     return issuer
 
 
@@ -298,7 +300,7 @@ class CollectiveCapture:
             if bucket[2] is not None:  # only the bucket's first collective carries its gradient bytes
                 record["grad_bytes"], record["num_tensors"] = bucket[2], bucket[3]
                 self._local.bucket = (bucket[0], bucket[1], None, None)
-        if info.backend == "nccl" and tracker.device_events is not None:
+        if "nccl" in info.backend and tracker.device_events is not None:  # also "cpu:gloo,cuda:nccl"
             record["clock"] = "device"
             record["stream"] = "default" if tracker.device_events.current_stream()[1] else "side"
             record["_start"] = tracker.device_events.record()
