@@ -12,6 +12,9 @@ from ._clock import now
 
 __all__ = ["RecordWriter"]
 
+# One encoder for every record: json.dumps with non-default separators builds a new encoder per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class _Stream:
     __slots__ = ("path", "file", "pending", "last_flush", "lock")
@@ -40,7 +43,7 @@ class RecordWriter:
 
     def write(self, kind: str, record: dict[str, Any], *, t: float | None = None) -> None:
         stream = self._streams[kind]
-        stream.pending.append(json.dumps(record, separators=(",", ":")))
+        stream.pending.append(_encode(record))
         t = now() if t is None else t
         if t - stream.last_flush >= self._interval:
             self._flush(stream, t)
