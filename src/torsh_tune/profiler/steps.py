@@ -60,6 +60,7 @@ class StepTracker:
         self._start_event: Any = None
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._late: list[dict[str, Any]] = []  # device-clock collectives of steps already written
+        self.device_errors: list[str] = []  # steps whose events could not be read (kept on the host clock)
         self._reset()
 
     def use_device_clock(self, peak_memory: Callable[[], int] | None = None) -> None:
@@ -95,8 +96,8 @@ class StepTracker:
         """Start the current step at `t` (time spent between steps, e.g. exporting a trace, is not the step's)."""
         self._t_start = t
         if self.device_events is not None:
-            if self._start_event is not None:
-                self.device_events.release(self._start_event)
+            # The old start event is the previous step's end event, which that step (maybe still
+            # waiting to be written) owns and releases: it must not go back to the pool here.
             self._start_event = self.device_events.record()
 
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
@@ -243,7 +244,18 @@ class StepTracker:
                 record["loss"] = None
         events = entry.get("events")
         if events is not None:
-            self._to_device_clock(entry, *events)
+            try:
+                self._to_device_clock(entry, *events)
+            except RuntimeError as exc:  # an event that cannot be read (another stream, a CUDA error): host clock
+                self.device_errors.append(f"step {record['step']}: {exc}")
+                events = entry["events"] = None
+                record["clock"] = "host"
+                for name in ("step_s", "data_s", "forward_s", "backward_s", "optimizer_s"):
+                    if "host_" + name in record:
+                        record[name] = record.pop("host_" + name)
+                for c in comm:
+                    for key in ("_start", "_end", "_rel_start", "_rel_end"):
+                        c.pop(key, None)
         else:
             for c in comm:
                 self._finish_comm(c, None)

@@ -187,6 +187,9 @@ class RankRuntime:
                 self.meta["ddp_models"][i]["bucket_sizes_bytes"] = sizes_bytes
         if self.collectives is not None:
             self.meta["collectives"] = self.collectives.by_issuer
+        if self.tracker.device_errors:
+            self.note(f"{len(self.tracker.device_errors)} step(s) kept on the host clock, their CUDA events "
+                      f"unreadable; first: {self.tracker.device_errors[0]}")
         self.meta["t_end"] = now()
         self.save_meta()
         write_json_atomic(
