@@ -432,10 +432,10 @@ def _patch_grad_scaler(state: dict[str, Any], boundary: Callable[[float], None])
 def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -> None:
     """At the first optimizer step: is the run on CUDA, and which module's forward is the step's?
 
-    The forward probed is that of the outermost module(s) holding the optimizer's parameters
-    (a DDP model is probed from its construction): an FSDP2 root, a plain module under a
-    hand-written all-reduce, the `torch.compile` wrapper around a model (outside the compiled
-    region). Found once, by a scan of live modules; probes start with the next step.
+    The forward probed is that of the outermost module(s) holding the optimizer's parameters:
+    DDP, an FSDP2 root, a plain module under a hand-written all-reduce, the `torch.compile`
+    wrapper around a model (outside the compiled region). Found once, by a scan of live
+    modules; probes start with the next step (API-mode models are probed by `parallelize`).
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if any(getattr(p, "is_cuda", False) for p in params):
