@@ -29,18 +29,14 @@ from .compression._base import _OrderedIssuer
 
 __all__ = ["HierarchicalState", "NodeLayout", "hierarchical_all_reduce", "hierarchical_hook", "node_layout"]
 
-# torch >= 2.12 renamed the flat-tensor forms (the old names warn on every call).
-
-
+# torch >= 2.12 renamed the flat-tensor forms (the old names warn on every call); looked up at call
+# time, so that the profiler's c10d capture (installed after this import) sees the calls.
 def _ALL_GATHER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
-    # Looked up at call time, so that the profiler's c10d capture (installed later) sees the call.
     return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
-
 
 
 def _REDUCE_SCATTER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
     return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(*args, **kwargs)
-
 
 
 class NodeLayout(NamedTuple):

@@ -44,11 +44,9 @@ from ._topk import select_topk
 
 __all__ = ["AdaptiveState", "adaptive_hook"]
 
-# torch >= 2.12 renamed the flat-tensor form (the old name warns on every call).
-
-
+# torch >= 2.12 renamed the flat-tensor form (the old name warns on every call); looked up at call
+# time, so that the profiler's c10d capture (installed after this import) sees the calls.
 def _ALL_GATHER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
-    # Looked up at call time, so that the profiler's c10d capture (installed later) sees the call.
     return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
 
 _EXTRAS = 2  # float32 values carried by every bucket: (loss, squared local gradient norm)
