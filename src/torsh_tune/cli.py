@@ -124,7 +124,11 @@ def _add_study_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trials", type=_POSITIVE_INT, default=20, help="Finished trials the study should hold (default 20; trial 0 = PyTorch defaults).")
     g.add_argument("--sampler", choices=("tpe", "random", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe).")
     g.add_argument("--seed", type=_NON_NEGATIVE_INT, help="Sampler and bootstrap seed.")
-    g.add_argument("--storage", help="Optuna storage URL (default sqlite in the study dir; journal:PATH for a shared file).")
+    g.add_argument("--storage", metavar="URL",
+                   help="Where the study lives (default sqlite in the study dir). Shared by tuners on several machines: "
+                   "journal:PATH on a file system they all mount, or a database server they all reach, "
+                   "postgresql://USER@HOST:PORT/DB (pip install torsh-tune[postgres]; the password in ~/.pgpass "
+                   "or PGPASSWORD). Checked before anything runs.")
     g.add_argument("--study-name", default="torsh-tune", help="Optuna study name (default torsh-tune).")
     g.add_argument("--resume", metavar="STUDY_DIR", help="Continue the study in this directory (completed trials are kept).")
     g.add_argument("--baseline-repeats", type=_POSITIVE_INT, default=3, help="Baseline launches; their spread is the noise (default 3).")
@@ -490,6 +494,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
     from .autotune import build_space, load_space_file, tune
+    from .autotune.storage import check_storage
     from .rundir import new_run_dir
 
     config = _config_from_args(args)
@@ -513,6 +518,8 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     space_options = {"api_mode": api_mode, "allow_batch_changes": args.allow_batch_changes}
     # An invalid space is a one-line error before anything runs (the study rebuilds it after the baseline).
     space = build_space(**space_args, base=config, **space_options)
+    if args.storage is not None:  # a bad URL, driver, server or journal path: one line, no study dir made
+        check_storage(args.storage)
     if args.resume:
         study_dir = Path(args.resume)
         if not (study_dir / "study.db").is_file() and args.storage is None:

@@ -51,6 +51,7 @@ from .pruning import PRUNERS, TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
 from .space import SearchSpace, build_space
+from .storage import open_storage
 
 __all__ = [
     "OBJECTIVES",
@@ -263,21 +264,6 @@ def make_sampler(name: str, *, seed: int | None, n_trials: int | None = None):
     raise invalid("--sampler", f"one of {list(SAMPLERS)}", name)
 
 
-def _storage_of(storage: str | None, study_dir: Path):
-    """An Optuna storage object or URL: default SQLite in the study dir; `journal:PATH` a journal file."""
-    import optuna
-
-    if storage is None:
-        return f"sqlite:///{(study_dir / 'study.db').resolve()}", None
-    if storage.startswith("journal:"):
-        path = storage[len("journal:"):]
-        if not path:
-            raise invalid("--storage", "journal:PATH with a file path", storage)
-        backend = optuna.storages.journal.JournalFileBackend(path)
-        return storage, optuna.storages.JournalStorage(backend)
-    return storage, None
-
-
 def tune(
     script: str | os.PathLike[str],
     script_args: Sequence[str] = (),
@@ -406,7 +392,7 @@ def tune(
         warmup_steps=pruner_warmup_steps, startup_trials=pruner_startup_trials)
     root = Path(study_dir)
     root.mkdir(parents=True, exist_ok=True)
-    storage_url, storage_obj = _storage_of(storage, root)
+    storage_url, storage_obj = open_storage(storage, root)
     t_start = time.monotonic()
     interrupted = False
 
