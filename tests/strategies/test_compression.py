@@ -86,8 +86,24 @@ def test_adaptive_ratio_bounds_are_checked_for_the_adaptive_method_only():
 
 def test_build_hook_none_and_unknown_method():
     assert build_hook("none") is None
-    with pytest.raises(ValueError, match="but got 'gzip'"):
+    with pytest.raises(ConfigError, match=r"^compression method must be one of none, .*, but got 'gzip'$"):
         build_hook("gzip")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"method": "topk", "ratio": 0.0}, "ratio must be in (0, 1], but got 0.0"),
+        ({"method": "adaptive", "ratio": 0.1, "min_ratio": 0.2}, "min_ratio must be in (0, ratio=0.1], but got 0.2"),
+        ({"method": "powersgd", "rank": 0}, "rank must be an integer >= 1, but got 0"),
+        ({"method": "powersgd", "start_iter": -1}, "start_iter must be an integer >= 0, but got -1"),
+    ],
+)
+def test_out_of_range_hook_options_are_config_errors(options, message):
+    # Checked before the state touches a process group: none is needed here.
+    with pytest.raises(ConfigError) as exc:
+        build_hook(**options)
+    assert str(exc.value) == message
 
 
 # -- every method in one process group -----------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ...errors import invalid
 from ._adaptive import AdaptiveState, adaptive_hook
 from ._base import CompressionState, wire_bytes_of
 from ._cast import CastState, cast_hook
@@ -66,7 +67,7 @@ def build_hook(method: str, process_group: Any = None, *, ratio: float = 0.01, r
         max_ratio: adaptive's largest ratio, in [ratio, 1].
 
     Raises:
-        ValueError: an unknown method or an out-of-range option.
+        ConfigError: an unknown method or an out-of-range option.
     """
     if method == "none":
         return None
@@ -83,8 +84,7 @@ def build_hook(method: str, process_group: Any = None, *, ratio: float = 0.01, r
         state = AdaptiveState(process_group, ratio=ratio, min_ratio=min_ratio, max_ratio=max_ratio,
                               error_feedback=error_feedback)
         return state, adaptive_hook
-    raise ValueError(
-        f"compression method must be one of none, fp16, bf16, topk, int8, powersgd, adaptive, but got {method!r}")
+    raise invalid("compression method", "one of none, fp16, bf16, topk, int8, powersgd, adaptive", method)
 
 
 def hook_from_config(config: Any, process_group: Any = None) -> tuple[CompressionState, Callable] | None:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...errors import invalid
 from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["Int8State", "int8_hook"]
@@ -26,7 +27,7 @@ class Int8State(CompressionState):
         super().__init__(process_group, error_feedback=error_feedback, two_phase=True)
         self.levels = 127 // self.world_size
         if self.levels < 1:
-            raise ValueError(f"int8 compression needs a world size <= 127, but got {self.world_size}")
+            raise invalid("the world size of int8 compression", "<= 127", self.world_size)
 
 
 def int8_hook(state, bucket):  # noqa: ANN001, ANN201

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ...errors import invalid
 from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["PowerSGDState", "powersgd_hook"]
@@ -30,9 +31,9 @@ class PowerSGDState(CompressionState):
     def __init__(self, process_group: Any = None, *, rank: int = 4, start_iter: int = 10, warm_start: bool = True,
                  error_feedback: bool = True, seed: int = 0) -> None:
         if rank < 1:
-            raise ValueError(f"rank must be >= 1, but got {rank!r}")
+            raise invalid("rank", "an integer >= 1", rank)
         if start_iter < 0:
-            raise ValueError(f"start_iter must be >= 0, but got {start_iter!r}")
+            raise invalid("start_iter", "an integer >= 0", start_iter)
         super().__init__(process_group, error_feedback=error_feedback, two_phase=True)
         self.rank = rank
         self.start_iter = start_iter

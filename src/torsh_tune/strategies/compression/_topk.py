@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...errors import invalid
 from ._base import CompressionState, used_on_current_stream
 
 __all__ = ["TopKState", "topk_hook"]
@@ -21,7 +22,7 @@ class TopKState(CompressionState):
 
     def __init__(self, process_group: Any = None, *, ratio: float = 0.01, error_feedback: bool = True) -> None:
         if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], but got {ratio!r}")
+            raise invalid("ratio", "in (0, 1]", ratio)
         self.ratio = ratio
         super().__init__(process_group, error_feedback=error_feedback)
 
