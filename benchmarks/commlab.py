@@ -87,7 +87,7 @@ def _worker(args: argparse.Namespace) -> None:
 
 # -- the emulated cluster -----------------------------------------------------------------------
 def _flat_vs_hierarchical(cluster: Any, model: Any, runs_dir: Path, sizes: list[int], iters: int) -> list[dict]:
-    from torsh_tune.bench import predict_allreduce_s
+    from torsh_tune.fabric import predict_allreduce_s
     from torsh_tune.config import BudgetConfig, ProfilerConfig, RunConfig
     from torsh_tune.launch import launch_run
     from torsh_tune.rundir import new_run_dir
@@ -123,7 +123,7 @@ def _codec_s_per_step(run_dir: Path) -> float:
 
 
 def _predicted_comm_s(model: Any, how: str, wire_bytes: float, num_collectives: float, world: int) -> float:
-    from torsh_tune.bench import predict_allreduce_s
+    from torsh_tune.fabric import predict_allreduce_s
 
     k = max(round(num_collectives), 1)
     if how == "all_gather":

@@ -156,7 +156,7 @@ def main() -> int:
     ap.add_argument("--runs-dir", type=Path, help="keep the measured runs here (default: a temporary directory)")
     ap.add_argument("--min-fit-bytes", type=int, default=1 << 20, help="smallest size of the restricted fit")
     args = ap.parse_args()
-    from torsh_tune.bench.model import fit_model, load_model
+    from torsh_tune.fabric import fit_model, load_model
 
     grid = json.loads(GRID_FILE.read_text())
     with tempfile.TemporaryDirectory() as tmp:

@@ -266,7 +266,7 @@ def test_import_config_out_never_overwrites(tmp_path):
     assert proc.stdout == ""
     written = out.read_text()
     assert "# not imported: limit_all_gathers: " in written
-    from torsh_tune.config import load_config_file
+    from torsh_tune.importers import load_config_file
 
     assert load_config_file(out).strategy.kind == "hsdp"
     again = run_cli("import-config", str(settings), "--out", str(out), timeout=60)
@@ -343,7 +343,7 @@ def test_main_job_end_to_end_profiles_tunes_confirms_and_reports(tmp_path):
     # 2. the study: plain progress lines without a terminal (trial i/N, ETA)
     assert "trial   0 (1/2)" in proc.stdout and "ETA" in proc.stdout
     assert (study / "best.toml").is_file()
-    from torsh_tune.config import load_config_file
+    from torsh_tune.importers import load_config_file
 
     load_config_file(study / "best.toml")
     result = json.loads((study / "result.json").read_text())

@@ -145,10 +145,20 @@ def test_layout_checks_need_the_world_size(data, what):
     assert str(exc.value).startswith(f"{what} must be ")
 
 
-def test_hsdp_replicas_default_to_the_number_of_nodes():
-    cfg = RunConfig.from_dict({"strategy": {"kind": "hsdp"},
-                               "launch": {"nproc_per_node": 3, "nnodes": 2, "rdzv_endpoint": "h:1"}})
-    cfg.check_layout()  # 2 replicas x 3 shards
+@pytest.mark.parametrize("nnodes", [2, 3])
+def test_hsdp_replicas_default_to_the_number_of_nodes(nnodes):
+    # 6 ranks: nnodes replicas leave shard groups of 6 / nnodes ranks, which the
+    # reshard_after_forward check (a divisor of the shard group size) reveals.
+    def config(reshard: int) -> RunConfig:
+        return RunConfig.from_dict({
+            "strategy": {"kind": "hsdp", "fsdp": {"reshard_after_forward": reshard}},
+            "launch": {"nproc_per_node": 6 // nnodes, "nnodes": nnodes, "rdzv_endpoint": "h:1"},
+        })
+
+    shard = 6 // nnodes
+    config(shard).check_layout()
+    with pytest.raises(ConfigError, match=f"a divisor of the shard group size {shard}, but got 6"):
+        config(6).check_layout()
 
 
 def test_dist_env_reads_torchrun_variables():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torsh_tune.config import RunConfig, load_config_file
+from torsh_tune.config import RunConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.importers import (
     ImportResult,
@@ -14,6 +14,7 @@ from torsh_tune.importers import (
     from_fsdp1_kwargs,
     from_horovod,
     import_file,
+    load_config_file,
     looks_like_deepspeed,
 )
 
@@ -411,3 +412,5 @@ def test_load_config_file_still_reads_a_runconfig_json(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(RunConfig.from_dict({"budget": {"steps": 3}}).to_json())
     assert load_config_file(path).budget.steps == 3
+    path.write_text(json.dumps({"ddp": {"bucket_cap_mb": 50}}))  # strategy sections may stand at top level
+    assert load_config_file(path).strategy.ddp.bucket_cap_mb == 50

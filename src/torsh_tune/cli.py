@@ -28,9 +28,9 @@ from .config import (
     ProfilerConfig,
     RunConfig,
     help_of,
-    load_config_file,
 )
 from .errors import ConfigError, TorshTuneError, invalid
+from .importers import load_config_file
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SUBCOMMANDS = ("profile", "run", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
@@ -508,7 +508,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     cuda = _uses_cuda(config)
     if args.reference_bench:  # one line before anything runs: a bench run with a fitted model
         _reference_from_bench(args.reference_bench)
-        from .bench.model import load_model
+        from .fabric import load_model
 
         load_model(args.reference_bench)
     space_args: dict[str, Any] = {

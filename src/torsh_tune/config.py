@@ -17,7 +17,6 @@ import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from .errors import ConfigError, int_at_least, invalid
@@ -45,7 +44,6 @@ __all__ = [
     "dist_env",
     "dump_toml",
     "help_of",
-    "load_config_file",
     "parse_trace_window",
 ]
 
@@ -603,7 +601,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
-        return _build(cls, data, "").validate()
+        """Build and validate a config. Strategy sections ({"ddp": ...}) may stand at top level."""
+        return _build(cls, _hoist_strategy_sections(data) if isinstance(data, dict) else data, "").validate()
 
     @classmethod
     def from_json(cls, text: str) -> "RunConfig":
@@ -616,7 +615,7 @@ class RunConfig:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source} must be valid TOML, but got: {exc}") from None
-        return cls.from_dict(_hoist_strategy_sections(data))
+        return cls.from_dict(data)
 
     def replace(self, **sections: Any) -> "RunConfig":
         """A copy with whole sections or `section.field` overrides applied (validated)."""
@@ -815,34 +814,6 @@ def help_of(cls: type, name: str) -> str:
         if f.name == name:
             return f.metadata.get("help", "")
     raise KeyError(name)
-
-
-def load_config_file(path: str | Path) -> RunConfig:
-    """Load a RunConfig from a .toml or .json file; a DeepSpeed ds_config.json is imported.
-
-    A DeepSpeed config's keys that have no torsh-tune counterpart are listed on stderr
-    (`torsh_tune.importers.from_deepspeed` maps the rest).
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise invalid("--config", "an existing TOML or JSON file", str(path))
-    text = p.read_text()
-    if p.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--config must be valid JSON, but got: {exc}") from None
-        import sys
-
-        from .importers import from_deepspeed, looks_like_deepspeed  # importers build on this module
-
-        if looks_like_deepspeed(data):
-            result = from_deepspeed(data)
-            for line in result.unsupported:
-                print(f"torsh-tune: warning: {path}: not imported: {line}", file=sys.stderr)
-            return result.to_run_config()
-        return RunConfig.from_dict(_hoist_strategy_sections(data))
-    return RunConfig.from_toml(text, source=str(path))
 
 
 def dump_toml(config: RunConfig) -> str:

@@ -6,7 +6,16 @@ CLI can print it as one line and exit with status 2.
 
 from __future__ import annotations
 
-__all__ = ["TorshTuneError", "ConfigError", "LaunchError", "TrialError", "int_at_least", "invalid"]
+__all__ = [
+    "BenchError",
+    "ConfigError",
+    "EmulationError",
+    "LaunchError",
+    "TorshTuneError",
+    "TrialError",
+    "int_at_least",
+    "invalid",
+]
 
 
 class TorshTuneError(Exception):
@@ -21,8 +30,16 @@ class LaunchError(TorshTuneError):
     """The run could not be started or supervised (missing torchrun, bad launcher template)."""
 
 
+class EmulationError(LaunchError):
+    """The emulated cluster cannot be set up here (not root, no iproute2, a failing `ip`/`tc`)."""
+
+
 class TrialError(TorshTuneError):
     """An autotuner trial failed in a way that is recorded rather than raised to the user."""
+
+
+class BenchError(TorshTuneError):
+    """The bench run did not produce results."""
 
 
 def invalid(what: str, rule: str, value: object) -> ConfigError:

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "from_fsdp1_kwargs",
     "from_horovod",
     "import_file",
+    "load_config_file",
     "looks_like_deepspeed",
 ]
 
@@ -720,3 +722,30 @@ def import_file(path: str | Path, fmt: str = "auto") -> ImportResult:
                           f"keys {sorted(doc)[:5]}")
         fmt = detected
     return _IMPORTERS[fmt](doc)
+
+
+def load_config_file(path: str | Path) -> RunConfig:
+    """Load the RunConfig of `--config`: a torsh-tune .toml or .json file, or a DeepSpeed ds_config.json imported.
+
+    A DeepSpeed config's keys that have no torsh-tune counterpart are listed on stderr
+    (`from_deepspeed` maps the rest).
+
+    Raises:
+        ConfigError: a missing or unparsable file, or a bad value.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise invalid("--config", "an existing TOML or JSON file", str(path))
+    text = p.read_text()
+    if p.suffix != ".json":
+        return RunConfig.from_toml(text, source=str(path))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--config must be valid JSON, but got: {exc}") from None
+    if not looks_like_deepspeed(data):
+        return RunConfig.from_dict(data)
+    result = from_deepspeed(data)
+    for line in result.unsupported:
+        print(f"torsh-tune: warning: {path}: not imported: {line}", file=sys.stderr)
+    return result.to_run_config()

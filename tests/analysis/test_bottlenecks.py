@@ -221,7 +221,7 @@ def test_the_reference_bench_model_sets_the_reference_at_the_run_s_message_size(
     import json
     import shutil
 
-    from torsh_tune.bench.model import AlphaBeta, CommModel, save_model
+    from torsh_tune.fabric import AlphaBeta, CommModel, save_model
 
     run, bench = tmp_path / "comm_bound", tmp_path / "bench"
     shutil.copytree(DATA / "comm_bound", run)

@@ -14,8 +14,9 @@ import optuna
 import pytest
 
 from torsh_tune.autotune import TuneResult, trial_constraints, tune
-from torsh_tune.config import RunConfig, load_config_file
+from torsh_tune.config import RunConfig
 from torsh_tune.errors import ConfigError
+from torsh_tune.importers import load_config_file
 
 from helpers import run_cli
 

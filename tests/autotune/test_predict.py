@@ -9,9 +9,9 @@ import optuna
 import pytest
 
 from torsh_tune.autotune import build_space, model_candidates, predict_ddp_step, step_inputs
-from torsh_tune.bench.model import AlphaBeta, CommModel
 from torsh_tune.config import LaunchConfig, RunConfig
 from torsh_tune.errors import ConfigError
+from torsh_tune.fabric import AlphaBeta, CommModel
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

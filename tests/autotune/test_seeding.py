@@ -147,7 +147,7 @@ def test_a_study_without_compression_gets_no_compression_candidate(tmp_path):
 
 def test_the_bench_model_s_predicted_best_follow_the_advisor_s_candidates():
     """With a bench model of a slow link, its fastest predicted settings are enqueued last (role "model")."""
-    from torsh_tune.bench.model import AlphaBeta, CommModel
+    from torsh_tune.fabric import AlphaBeta, CommModel
 
     def fit(collective):
         return AlphaBeta(collective=collective, level="intra", group_size=2, alpha_s=1e-3,

@@ -12,8 +12,9 @@ import pytest
 
 from torsh_tune.autotune import TuneResult, tune
 from torsh_tune.autotune.objective import effective_settings
-from torsh_tune.config import RunConfig, load_config_file
+from torsh_tune.config import RunConfig
 from torsh_tune.errors import ConfigError
+from torsh_tune.importers import load_config_file
 from torsh_tune.launch import find_run_processes
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_tune.py"

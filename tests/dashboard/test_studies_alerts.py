@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from torsh_tune.bench import CommModel, fit_alpha_beta, save_model
 from torsh_tune.dashboard import RunNotFound, RunStore, is_study_dir, overview_info, tuning_view
+from torsh_tune.fabric import CommModel, fit_alpha_beta, save_model
 from torsh_tune.reports import get_tuning_info
 
 from .conftest import DATA, add_planted_run, add_run, add_study, snapshot

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torsh_tune.analysis import analyze_run, load_run
-from torsh_tune.bench import CommModel, fit_alpha_beta, save_model
+from torsh_tune.fabric import CommModel, fit_alpha_beta, save_model
 from torsh_tune.reports import ReportInfo, build_report_info, get_tuning_info, render_html, render_markdown
 from torsh_tune.reports import figures as F
 from torsh_tune.reports import report_schema_errors

@@ -8,6 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from ..config import RunConfig, ThresholdsConfig
 from ..errors import ConfigError
+from ..fabric import load_model
 from ._advice import strategy_advice
 from ._alerts import find_alerts
 from ._bottlenecks import diagnose
@@ -172,8 +173,6 @@ def _bench_busbw_at(info: dict[str, Any], warnings: list[str]) -> Callable[[floa
     if not isinstance(bench, str) or not os.path.isfile(os.path.join(bench, "bench_model.json")):
         return None
     try:
-        from ..bench.model import load_model  # pure Python; bench sits above analysis
-
         model = load_model(bench)
     except Exception as exc:  # noqa: BLE001 - the reference is optional
         warnings.append(f"reference bench model unreadable: {type(exc).__name__}: {exc}")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ._bus import bus_factor
+from ..fabric import bus_factor
 from ._types import CommStats
 
 __all__ = ["aligned_collectives", "bus_factor", "comm_stats"]

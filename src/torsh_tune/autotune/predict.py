@@ -28,7 +28,7 @@ sizes the buckets have: on a token-bucket link (tc tbf) messages under its burst
 speed, and one line through both regimes got 1/beta wrong by up to 1.8x (BENCHMARKS.md).
 
 Example:
-    >>> from torsh_tune.bench.model import AlphaBeta, CommModel
+    >>> from torsh_tune.fabric import AlphaBeta, CommModel
     >>> link = AlphaBeta(collective="all_reduce", level="intra", group_size=2, alpha_s=0.0,
     ...                  beta_s_per_byte=1e-8, num_points=4)
     >>> model = CommModel(world_size=2, nnodes=1, nproc_per_node=2, fits=(link,))
@@ -46,8 +46,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..bench.model import CommModel, predict_allreduce_s
 from ..errors import invalid
+from ..fabric import CommModel, predict_allreduce_s
 from .seeding import _complete, _key
 from .space import BASELINE_PARAMS, SearchSpace
 
@@ -415,7 +415,7 @@ def model_candidates(
         ConfigError: the model has no all_reduce fit, or the run has no measured DDP steps.
 
     Example:
-        >>> from torsh_tune.bench.model import load_model
+        >>> from torsh_tune.fabric import load_model
         >>> found = model_candidates(load_model("runs/bench"), "runs/baseline", space)  # doctest: +SKIP
         >>> [(c.params["compression.method"], round(c.predicted_speedup, 2)) for c in found]  # doctest: +SKIP
         [('topk', 3.1), ('int8', 2.4)]

@@ -42,9 +42,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..bench.model import CommModel, load_model
 from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
+from ..fabric import CommModel, load_model
 from ..rundir import RunDir, write_json_atomic, write_text_atomic
 from .objective import effective_settings, loss_deviation, trial_constraints
 from .pruning import PRUNERS, TrialPruning, make_pruner

@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torsh_tune.analysis import bus_factor
 from torsh_tune.bench import COLLECTIVES
-from torsh_tune.bench.topology import Fact, detect_node, topology_from_hosts
+from torsh_tune.fabric import Fact, bus_factor, detect_node, topology_from_hosts
 from torsh_tune.launch.emulate import ENV_EMULATED, EmulateSpec
 from torsh_tune.rundir import ENV_RUN_DIR, write_json_atomic, write_text_atomic
 

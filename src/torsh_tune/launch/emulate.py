@@ -44,7 +44,7 @@ from types import FrameType
 from typing import Any
 
 from ..config import RunConfig
-from ..errors import TorshTuneError, int_at_least, invalid
+from ..errors import EmulationError, int_at_least, invalid
 
 __all__ = [
     "AGENTS_MODULE",
@@ -74,10 +74,6 @@ _SUBNET = "198.18.0"
 _ETC_NETNS = Path("/etc/netns")
 _NAME_RE = re.compile(r"^tt(\d+)(?:n\d+|sw)$")
 _CMD_TIMEOUT_S = 30.0
-
-
-class EmulationError(TorshTuneError):
-    """The emulated cluster cannot be set up here (not root, no iproute2, a failing `ip`/`tc`)."""
 
 
 # -- the spec ----------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ from ._tuning import TuningInfo
 if TYPE_CHECKING:  # plotly is loaded lazily, by the plot functions only
     import plotly.graph_objects as go
 
-    from ..bench.model import CommModel
+    from ..fabric import CommModel
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
@@ -886,7 +886,7 @@ def reference_model(info: dict[str, Any]) -> "CommModel | None":
     read, and an unreadable or missing model is None (the figure then shows the reference
     busbw alone, if run.json has one).
     """
-    from ..bench.model import MODEL_FILE, load_model
+    from ..fabric import MODEL_FILE, load_model
     from ..errors import TorshTuneError
 
     bench = info.get("reference_bench")

@@ -41,8 +41,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import RunConfig, StrategyConfig, dist_env, load_config_file
+from ..config import RunConfig, StrategyConfig, dist_env
 from ..errors import TorshTuneError, invalid
+from ..importers import load_config_file
 from . import context
 
 __all__ = ["PipelineModule", "count_tokens", "data_parallel_info", "parallelize", "train_step"]

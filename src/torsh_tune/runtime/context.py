@@ -136,7 +136,7 @@ class RankRuntime:
         """Read this host's topology facts off the training thread (nvidia-smi can take a while)."""
         from dataclasses import asdict
 
-        from ..bench.topology import detect_node  # pure Python: sysfs and nvidia-smi
+        from ..fabric import detect_node  # pure Python: sysfs and nvidia-smi
 
         try:
             # nvidia-smi, not torch: this thread must not initialise CUDA before the script chose its device.

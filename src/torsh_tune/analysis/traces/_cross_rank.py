@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._bus import bus_factor
+from ...fabric import bus_factor
 from ._table import Table
 
 __all__ = ["collective_timing", "stragglers"]

@@ -1,4 +1,4 @@
-"""nccl-tests' bus-bandwidth factors (numpy/pandas-free: the trace analyzers use them too)."""
+"""nccl-tests' bus-bandwidth factors (pure Python: the trace analyzers and the bench worker use them too)."""
 
 from __future__ import annotations
 

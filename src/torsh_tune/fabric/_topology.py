@@ -6,9 +6,10 @@ Every fact carries where it came from:
 - "detected": read from the system (sysfs, `nvidia-smi`, the rendezvous' hostnames);
 - "assumed": nothing could be read, a default stands in.
 
-Pure Python (no torch): the launcher, the bench worker and the reports can all call it.
+Pure Python (no torch): the launcher, the bench worker, the in-rank runtime and the reports
+can all call it.
 
-    from torsh_tune.bench.topology import detect_node, topology_from_hosts
+    from torsh_tune.fabric import detect_node, topology_from_hosts
     node = detect_node()                       # this host
     topo = topology_from_hosts(["a", "a", "b", "b"], nodes=[node_a, node_b])
 """

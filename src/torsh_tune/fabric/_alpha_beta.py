@@ -5,7 +5,7 @@ Per collective and level the measured time is fitted as
     time_s = alpha_s + bus_factor(collective, n) * size_bytes * beta_s_per_byte
 
 where `bus_factor` is nccl-tests' factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter,
-all_to_all (n-1)/n; broadcast 1; reused from `torsh_tune.analysis`). With that choice
+all_to_all (n-1)/n; broadcast 1; see `_busbw`). With that choice
 `bus_factor * size` is the number of bytes each rank's link carries in a bandwidth-optimal
 (ring) algorithm, so `beta` is the inverse *link* bandwidth, the same for every collective
 on a fabric (1 / beta is the asymptotic busbw), and `alpha` is the whole collective's
@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..analysis import bus_factor
 from ..errors import invalid
 from ..rundir import write_json_atomic
+from ._busbw import bus_factor
 
 __all__ = [
     "ALLREDUCE_ALGORITHMS",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torsh_tune.bench import Topology, detect_node, parse_nvidia_smi_topo, topology_from_hosts
+from torsh_tune.fabric import Topology, detect_node, parse_nvidia_smi_topo, topology_from_hosts
 
 TOPO_NVLINK = """\
 \tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity
