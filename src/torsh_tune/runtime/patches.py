@@ -24,6 +24,7 @@ from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
 from ..strategies.collectives import HierarchicalState
 from ..strategies.ddp import comm_hook_of, ddp_kwargs
 from .budget import StepBudgetReached
+from .fingerprint import DataFingerprint
 
 if TYPE_CHECKING:
     from .context import RankRuntime
@@ -254,11 +255,15 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         return
     original_next = _BaseDataLoaderIter.__next__
     tracker = rt.tracker
+    # The data the measured steps read, for the tuner's data-integrity guard (meta.json data_fingerprint).
+    fingerprint = DataFingerprint(rt.meta, first_step=rt.config.budget.warmup_steps, end_step=rt.budget_total)
 
     def __next__(self: _BaseDataLoaderIter) -> Any:
         t0 = now()
         batch = original_next(self)
-        tracker.on_data(t0, now(), _batch_size(batch))
+        n = _batch_size(batch)
+        tracker.on_data(t0, now(), n)
+        fingerprint.observe(batch, n, tracker.step, self)
         if not getattr(self, "_torsh_seen", False):
             self._torsh_seen = True
             _record_loader(rt, self)
