@@ -64,6 +64,7 @@ def _number(kind: type, rule: str, ok: Any):
 _POSITIVE_INT = _number(int, "an integer >= 1", lambda v: v >= 1)
 _NON_NEGATIVE_INT = _number(int, "an integer >= 0", lambda v: v >= 0)
 _POSITIVE_FLOAT = _number(float, "a number > 0", lambda v: v > 0)
+_PORT = _number(int, "a TCP port 1-65535", lambda v: 1 <= v <= 65535)
 
 
 _EMULATE_HELP = ("Run on an emulated multi-node cluster on this host (root, iproute2): SPEC is "
@@ -112,7 +113,7 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     r.add_argument("--reference-bench", metavar="BENCH_RUN",
                    help="A `torsh-tune bench` run of this fabric: its measured busbw is what `network` findings compare against; "
                         "tune and the main job also enqueue the settings its alpha-beta model predicts fastest.")
-    r.add_argument("--dashboard", nargs="?", const=8050, type=_POSITIVE_INT, metavar="PORT",
+    r.add_argument("--dashboard", nargs="?", const=8050, type=_PORT, metavar="PORT",
                    help="Serve the live dashboard on 127.0.0.1:PORT (default 8050) while the run goes.")
     r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="Show tracebacks of errors.")
     p.add_argument("script", help="The training script (what you would pass to torchrun).")
@@ -214,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash = sub.add_parser("dashboard", help="Serve the live Dash dashboard over a runs directory (read-only).")
     dash.add_argument("--runs-dir", default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
     dash.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1; any other needs --token).")
-    dash.add_argument("--port", type=_POSITIVE_INT, default=8050, help="Port (default 8050).")
+    dash.add_argument("--port", type=_PORT, default=8050, help="Port, 1-65535 (default 8050).")
     dash.add_argument("--token", help="Access token required on every request (or env TORSH_TUNE_DASH_TOKEN).")
     ana = sub.add_parser("analyze", help="Analyse a directory of Kineto/Chrome traces (ours or any torch.profiler output).")
     ana.add_argument("path", help="A directory of rank traces (*.json or *.json.gz), or one window of RUN/traces/.")
@@ -346,6 +347,8 @@ def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConf
 
     from .rundir import new_run_dir
 
+    # Bound before the run directory exists: a busy port is one line and leaves nothing behind.
+    server = _bind_dashboard(args.runs_dir, args.dashboard) if args.dashboard else None
     run_dir = new_run_dir(args.runs_dir, script.name, name=args.run_name)
     console = Console(stderr=False, highlight=False)
     console.print(f"[bold]torsh-tune[/] {verb} [cyan]{script.name}[/] on {config.world_size} rank(s) → {run_dir.path}")
@@ -354,7 +357,8 @@ def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConf
         console.print(f"emulated cluster: {cluster.spec.describe()}", markup=False)
         if reference is None:  # the link's configured rate is what `network` findings compare against
             reference = cluster.spec.link_bytes_per_s / 1e9
-    server = _start_dashboard(run_dir, args.dashboard, console) if args.dashboard else None
+    if server is not None:
+        _start_dashboard(server, run_dir, console)
     try:
         outcome = _launch_with_status(config, run_dir, script, list(args.script_args), argv=argv,
                                       console=console, quiet=args.quiet)
@@ -395,19 +399,19 @@ def _launch_with_status(config: RunConfig, run_dir: Any, script: Path, script_ar
                           echo=echo_line, on_progress=on_progress)
 
 
-def _start_dashboard(run_dir: Any, port: int, console: Any) -> Any:
-    """The dashboard over this run's runs directory, served from a thread during the run."""
-    import threading
-
+def _bind_dashboard(runs_dir: str, port: int) -> Any:
+    """The live dashboard's server over the runs directory, bound to 127.0.0.1:PORT (not serving yet)."""
     from .dashboard import make_server
 
-    try:
-        server = make_server(run_dir.path.parent, port=port)
-    except OSError as exc:
-        raise invalid("--dashboard", "a free port on 127.0.0.1", f"{port} ({exc.strerror})") from None
+    return make_server(runs_dir, port=port)
+
+
+def _start_dashboard(server: Any, run_dir: Any, console: Any) -> None:
+    """Serve the bound dashboard from a thread during the run."""
+    import threading
+
     threading.Thread(target=server.serve_forever, name="torsh-tune-dashboard", daemon=True).start()
     console.print(f"live dashboard: http://127.0.0.1:{server.server_port}/runs/{run_dir.name}")
-    return server
 
 
 def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> int:
@@ -416,6 +420,8 @@ def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
 
 def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> tuple[int, Any]:
     """Analyse a finished run, write its reports, print its summary: (exit status, RunAnalysis or None)."""
+    from rich.markup import escape
+
     from .analysis import analyze_run, compact_run
     from .reports import build_report_info, render_summary, write_reports
 
@@ -428,7 +434,12 @@ def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
     render_summary(build_report_info(analysis), console)
     if outcome.status == "ok":
         return EXIT_OK, analysis
-    console.print(f"[bold red]run {outcome.status}[/]: {outcome.message}")
+    # The classification and the failing rank's last words; torchrun's own account of the
+    # failure (its traceback and banner) was kept off the terminal and stays in logs/.
+    console.print(f"[bold red]run {outcome.status}[/]: {escape(outcome.message)}")
+    if outcome.stderr_tail:
+        whose = "the" if outcome.failing_rank is None else f"rank {outcome.failing_rank}'s"
+        console.print(f"{whose} last output lines (all output in {run_dir.logs}):", markup=False, highlight=False)
     for line in outcome.stderr_tail[-10:]:
         console.print(f"  {line}", markup=False, highlight=False)
     return (EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED), analysis
