@@ -109,6 +109,8 @@ class SystemRecord:
     pcie_rx_bytes_per_s: float | None
     nvlink_tx_bytes_per_s: float | None = None
     nvlink_rx_bytes_per_s: float | None = None
+    cpu_cores: int | None = None  # cores this process may run on (its affinity mask)
+    idle_cores: float | None = None  # how many of those were idle since the previous sample
 
 
 RECORD_KINDS: dict[str, type] = {"steps": StepRecord, "comm": CommRecord, "system": SystemRecord}

@@ -1,8 +1,10 @@
-"""The system sampler: CPU/RSS records, NVLink counters to rates, failures kept instead of swallowed."""
+"""The system sampler: CPU/RSS and idle-core records, NVLink counters to rates, failures kept instead of swallowed."""
 
 from __future__ import annotations
 
 import doctest
+import multiprocessing
+import os
 import threading
 import time
 
@@ -10,7 +12,16 @@ import pynvml
 import pytest
 
 from torsh_tune.profiler import system
-from torsh_tune.profiler.system import SystemSampler, field_value, nvlink_rates, open_nvml_device, sum_counters
+from torsh_tune.profiler.system import (
+    SystemSampler,
+    field_value,
+    idle_cores,
+    nvlink_rates,
+    open_nvml_device,
+    sum_counters,
+    usable_cores,
+)
+from torsh_tune.records import SystemRecord
 
 TX, RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 
@@ -49,7 +60,44 @@ def test_cpu_sample_has_the_record_keys_and_no_nvlink():
     record = sampler.sample()
     assert record["rank"] == 3 and record["rss_bytes"] > 0 and record["gpu_util_pct"] is None
     assert "nvlink_tx_bytes_per_s" not in record and sampler.nvlink_status == "no GPU"
+    assert set(record) <= {f for f in SystemRecord.__dataclass_fields__}
+    assert record["cpu_cores"] == len(os.sched_getaffinity(0)) and 0.0 <= record["idle_cores"] <= record["cpu_cores"]
     assert sampler.errors == ()
+
+
+def test_idle_cores_count_only_the_cores_this_process_may_use():
+    assert idle_cores([100.0, 25.0, 0.0, 50.0], None) == (4, 2.25)
+    assert idle_cores([100.0, 25.0, 0.0, 50.0], (0, 2)) == (2, 1.0)
+    assert idle_cores([10.0, 20.0], (1, 7)) == (1, 0.8)  # an id psutil does not report is not counted
+    assert usable_cores() == tuple(sorted(os.sched_getaffinity(0)))
+
+
+def _spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_busy_child_leaves_less_idle_core_time_and_counts_in_cpu_pct():
+    """A worker process pinned to one core, spinning: it shows in this process's CPU, and that core is not idle."""
+    core = min(os.sched_getaffinity(0))
+    sampler = SystemSampler(0, lambda r: None, interval_s=1.0)
+    sampler._usable = (core,)  # judge only the worker's core (other tenants may load the rest)
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=lambda: (os.sched_setaffinity(0, {core}), _spin(1.5)))
+    child.start()
+    try:
+        time.sleep(0.3)
+        sampler.start()  # primes the child's counter
+        sampler.sample()
+        time.sleep(0.8)
+        record = sampler.sample()
+    finally:
+        child.join()
+    # The spinning child counts as this process's (which only sleeps here); on a shared host it
+    # gets a share of its core, so no more than "clearly busy" is asked.
+    assert record["cpu_pct"] > 5.0
+    assert record["cpu_cores"] == 1 and record["idle_cores"] < 0.5
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["at-start", "use_nvml"])
@@ -70,8 +118,11 @@ def test_nvml_failures_are_recorded_once_and_never_raised(late):
     assert "nvlink_tx_bytes_per_s" not in second
     wheres = [e.split(":")[0] for e in sampler.errors]
     assert len(wheres) == len(set(wheres)) and "gpu_util_pct" in wheres  # each kind once, not per sample
-    assert notes == [f"system sampler: {e}" for e in sampler.errors]
+    assert notes == list(sampler.errors)  # the runtime prefixes "system sampler: " to its meta.json note
     assert sampler.nvlink_status.startswith("unavailable")
+    assert sampler.failure_counts["gpu_util_pct"] == 2  # both samples failed; the message is kept once
+    sampler.stop()
+    assert notes[-1].startswith("failures in all: ") and "gpu_util_pct 2 times" in notes[-1]
 
 
 def test_a_failing_emit_leaves_a_trace_and_the_thread_goes_on():
@@ -85,7 +136,8 @@ def test_a_failing_emit_leaves_a_trace_and_the_thread_goes_on():
         if len(calls) <= 2:
             raise OSError("disk full")
 
-    sampler = SystemSampler(0, emit, interval_s=0.01)
+    notes: list[str] = []
+    sampler = SystemSampler(0, emit, interval_s=0.01, on_error=notes.append)
     sampler.start()
     try:
         assert done.wait(10.0)
@@ -93,6 +145,31 @@ def test_a_failing_emit_leaves_a_trace_and_the_thread_goes_on():
         sampler.stop()
     assert len(calls) >= 4  # kept sampling after the failures
     assert sampler.errors == ("emit: OSError: disk full",)
+    assert notes == ["emit: OSError: disk full", "failures in all: emit 2 times"]
+
+
+def test_a_failing_note_and_a_failing_sample_are_kept():
+    def broken_note(message):
+        raise RuntimeError("meta.json not writable")
+
+    sampler = SystemSampler(0, lambda r: None, interval_s=0.01, on_error=broken_note)
+    sampler.sample = lambda: 1 / 0  # every sample fails
+    sampler.start()
+    time.sleep(0.2)
+    sampler.stop()
+    assert sampler.errors[0] == "sample: ZeroDivisionError: division by zero"
+    assert sampler.errors[1].startswith("on_error: RuntimeError: meta.json not writable")
+    assert sampler.failure_counts["sample"] >= 2
+
+
+def test_failures_beyond_the_kept_kinds_are_counted():
+    notes: list[str] = []
+    sampler = SystemSampler(0, lambda r: None, interval_s=1.0, on_error=notes.append)
+    for i in range(system._MAX_ERRORS + 3):
+        sampler._error(f"kind{i}", ValueError(i))
+    sampler.stop()  # never started: nothing to join
+    assert len(sampler.errors) == system._MAX_ERRORS
+    assert notes[-1] == f"3 failure(s) of kinds beyond the first {system._MAX_ERRORS} not kept"
 
 
 def test_docstring_examples_run():

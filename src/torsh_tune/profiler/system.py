@@ -1,7 +1,9 @@
-"""System sampler thread: process CPU and RSS (with DataLoader workers), NVML GPU metrics and NVLink throughput."""
+"""System sampler thread: process CPU and RSS (with DataLoader workers), the cores left idle, NVML GPU
+metrics and NVLink throughput."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -10,7 +12,28 @@ import psutil
 
 from ._clock import now
 
-__all__ = ["SystemSampler", "field_value", "nvlink_rates", "open_nvml_device", "sum_counters"]
+__all__ = ["SystemSampler", "field_value", "idle_cores", "nvlink_rates", "open_nvml_device", "sum_counters",
+           "usable_cores"]
+
+
+def usable_cores() -> tuple[int, ...] | None:
+    """The CPU ids this process may run on (its affinity mask), None where the OS does not say."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS, Windows: every core
+        return None
+
+
+def idle_cores(busy_pct_per_cpu: list[float], usable: tuple[int, ...] | None) -> tuple[int, float]:
+    """(usable cores, how many of them were idle): the per-core busy % summed over the usable cores.
+
+    Example:
+        >>> idle_cores([100.0, 25.0, 0.0, 50.0], (1, 3))  # cores 1 and 3 are this process's
+        (2, 1.25)
+    """
+    ids = [i for i in usable if i < len(busy_pct_per_cpu)] if usable is not None else range(len(busy_pct_per_cpu))
+    busy = [busy_pct_per_cpu[i] for i in ids]
+    return len(busy), sum(100.0 - min(max(b, 0.0), 100.0) for b in busy) / 100.0
 
 
 def open_nvml_device(device_index: int) -> tuple[Any, str | None]:
@@ -42,9 +65,15 @@ def open_nvml_device(device_index: int) -> tuple[Any, str | None]:
 class SystemSampler:
     """Daemon thread writing a SystemRecord every `interval_s` through `emit`.
 
+    Besides the process's CPU (`cpu_pct`, its DataLoader workers included) and the whole
+    host's (`sys_cpu_pct`), each record holds `cpu_cores`, the cores this process may run on
+    (its affinity mask), and `idle_cores`, how many of those were idle since the previous
+    sample: the room DataLoader workers would have (analysis divides it among the host's ranks).
+
     A sample that fails, or an NVML query that fails, never stops the thread (nor the
     training) but is never silent either: the first failure of each kind is kept in
-    `errors` (and passed to `on_error`) for the caller to put in meta.json.
+    `errors` (and passed to `on_error`) for the caller to put in meta.json; `stop()` passes
+    on how often each kind failed in all, and what could not be stopped.
 
     NVLink throughput (`nvlink_tx_bytes_per_s`, `nvlink_rx_bytes_per_s`) is recorded only
     on a GPU whose driver reports NVLink counters, from the second sample on;
@@ -59,7 +88,8 @@ class SystemSampler:
         self._nvml = nvml_handle
         self._on_error = on_error
         self._errors: list[str] = []
-        self._failed: set[str] = set()
+        self._failures: dict[str, int] = {}  # kind -> failures, the first kept in _errors
+        self._usable = usable_cores()
         self._nvlink = _NvlinkCounters(nvml_handle, self._error) if nvml_handle is not None else None
         self._stop = threading.Event()
         self._proc = psutil.Process()
@@ -71,6 +101,11 @@ class SystemSampler:
     def errors(self) -> tuple[str, ...]:
         """The first failure of each kind ("<where>: <ExceptionType>: <message>")."""
         return tuple(self._errors)
+
+    @property
+    def failure_counts(self) -> dict[str, int]:
+        """Kind ("<where>") -> how many times it failed, every kind counted (kept in `errors` or not)."""
+        return dict(self._failures)
 
     @property
     def nvlink_status(self) -> str:
@@ -86,26 +121,47 @@ class SystemSampler:
         self._nvml = handle
 
     def start(self) -> None:
-        self._proc.cpu_percent(None)
-        psutil.cpu_percent(None)
+        # Prime the counters: cpu_percent(None) reports the time since its previous call.
+        try:
+            self._proc.cpu_percent(None)
+            psutil.cpu_percent(None)
+            psutil.cpu_percent(None, percpu=True)
+        except Exception as exc:  # noqa: BLE001 - the first sample then covers the time since import
+            self._error("start", exc)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread and pass on what failed more than once, and a thread that would not stop."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=_STOP_TIMEOUT_S)
+        if self._thread.is_alive():
+            self._error("stop", TimeoutError(f"the sampler thread was still running {_STOP_TIMEOUT_S:g} s "
+                                             "after stop(); its last sample may be missing"))
+        repeated = {k: n for k, n in self._failures.items() if n > 1}
+        if repeated:
+            self._tell("failures in all: " + ", ".join(f"{k} {n} times" for k, n in repeated.items()))
+        dropped = sum(n for k, n in self._failures.items() if not any(e.startswith(f"{k}: ") for e in self._errors))
+        if dropped:
+            self._tell(f"{dropped} failure(s) of kinds beyond the first {_MAX_ERRORS} not kept")
 
     def _error(self, where: str, exc: BaseException) -> None:
-        if where in self._failed or len(self._failed) >= _MAX_ERRORS:
-            return
-        self._failed.add(where)
+        first = where not in self._failures
+        self._failures[where] = self._failures.get(where, 0) + 1
+        if not first or len(self._errors) >= _MAX_ERRORS:
+            return  # counted: stop() says how many
         message = f"{where}: {type(exc).__name__}: {exc}"
         self._errors.append(message)
-        if self._on_error is not None:
-            try:
-                self._on_error(f"system sampler: {message}")
-            except Exception:  # noqa: BLE001 - the message is kept in self._errors already
-                pass
+        self._tell(message)
+
+    def _tell(self, message: str) -> None:
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(message)
+        except Exception as exc:  # noqa: BLE001 - the caller's note failed: keep that too
+            if not any(e.startswith("on_error: ") for e in self._errors):
+                self._errors.append(f"on_error: {type(exc).__name__}: {exc} (while passing on {message!r})")
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -125,28 +181,28 @@ class SystemSampler:
         live = {}
         for child in self._proc.children(recursive=True):
             proc = self._children.get(child.pid)
-            if proc is None:  # first sight: prime cpu_percent, count from the next sample
-                proc = child
-                try:
-                    proc.cpu_percent(None)
-                except psutil.Error:
-                    continue
-            else:
-                try:
-                    cpu += proc.cpu_percent(None)
-                except psutil.Error:
-                    continue
             try:
+                if proc is None:  # first sight: prime cpu_percent, count from the next sample
+                    proc = child
+                    proc.cpu_percent(None)
+                else:
+                    cpu += proc.cpu_percent(None)
                 rss += proc.memory_info().rss
-            except psutil.Error:
+            except psutil.NoSuchProcess:  # the worker exited since it was listed (zombies too)
+                continue
+            except psutil.Error as exc:  # e.g. AccessDenied: its CPU and RSS are missing from this record
+                self._error("worker", exc)
                 continue
             live[child.pid] = proc
         self._children = live
+        cores, idle = idle_cores(psutil.cpu_percent(None, percpu=True), self._usable)
         record: dict[str, Any] = {
             "rank": self._rank,
             "t": now(),
             "cpu_pct": cpu,
             "sys_cpu_pct": psutil.cpu_percent(None),
+            "cpu_cores": cores,
+            "idle_cores": round(idle, 3),
             "rss_bytes": rss,
             "mem_total_bytes": self._mem_total,
             "gpu_util_pct": None,
@@ -193,6 +249,7 @@ class SystemSampler:
 
 
 _MAX_ERRORS = 20
+_STOP_TIMEOUT_S = 5.0
 # nvml.h: "A scopeId of UINT_MAX returns aggregate value summed up across all links".
 _ALL_LINKS = 0xFFFFFFFF
 _NVLINK_MAX_LINKS_FALLBACK = 18  # Hopper's link count, when pynvml does not say
