@@ -44,11 +44,22 @@ def test_syntax_error_in_script_names_file_and_line(tmp_path):
     assert f"SyntaxError at {bad}:2" in line
 
 
+def _torchrun_report_only_in_logs(proc, run: Path) -> None:
+    """torchrun's failure report (traceback, banner) is filed in logs/, never on the terminal."""
+    launcher = (run / "logs" / "launcher.log").read_text()
+    assert "ChildFailedError" in launcher and "Root Cause" in launcher
+    shown = proc.stdout + proc.stderr
+    assert "ChildFailedError" not in shown and "Root Cause" not in shown
+    assert all("[rank" in line for line in shown.splitlines() if "Traceback" in line)  # a rank's own only
+
+
 def test_script_asking_for_nccl_without_cuda_is_one_line(tmp_path):
-    proc = run_cli("profile", "--nproc-per-node", "2", "--runs-dir", str(tmp_path / "runs"),
+    proc = run_cli("profile", "--nproc-per-node", "2", "--runs-dir", str(tmp_path / "runs"), "--run-name", "r",
                    str(SCRIPTS / "train_small.py"), "--backend", "nccl", timeout=120)
     line = _one_line_error(proc)
     assert "process-group backend must be gloo when CUDA is not available" in line
+    _torchrun_report_only_in_logs(proc, tmp_path / "runs" / "r")
+    assert "Traceback" not in proc.stdout
 
 
 def test_existing_run_name_is_never_overwritten(tmp_path):
@@ -121,6 +132,8 @@ def test_crashing_rank_is_classified_reported_and_leaves_no_process(tmp_path):
     report, run, proc = _profile(tmp_path, SCRIPTS / "train_small.py", "--fail-rank", "1", "--fail-step", "8", steps=50, warmup=2)
     assert proc.returncode == 1
     assert "script_error" in proc.stdout and "planted failure on rank 1" in proc.stdout
+    assert "rank 1's last output lines" in proc.stdout
+    _torchrun_report_only_in_logs(proc, run)
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "script_error" and info["outcome"]["failing_rank"] == 1
     assert report["partial"] is True

@@ -34,6 +34,15 @@ class Launched:
     def log(self, rank: int) -> str:
         return self.run_dir.rank_log(rank).read_text()
 
+    @property
+    def launcher_log(self) -> str:
+        return (self.run_dir.logs / "launcher.log").read_text()
+
+    @property
+    def shown(self) -> str:
+        """What reached the terminal."""
+        return "\n".join(self.lines)
+
 
 def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] = (), on_progress=None) -> Launched:
     script = tmp_path / "script.py"
@@ -124,6 +133,10 @@ def test_exception_on_one_rank(tmp_path: Path) -> None:
     assert out.message == "ValueError: bad shape on rank one"
     assert any("ValueError: bad shape on rank one" in line for line in out.stderr_tail)
     assert out.ranks[1] == "error" and out.returncode != 0
+    # The rank's own traceback is its output and shown; torchrun's account of it only filed.
+    assert [line for line in run.lines if "Traceback" in line] == ["[rank1]:Traceback (most recent call last):"]
+    assert "ChildFailedError" in run.launcher_log and "Root Cause" in run.launcher_log
+    assert "ChildFailedError" not in run.shown and "Root Cause" not in run.shown
 
 
 def test_rank_killed_by_a_signal(tmp_path: Path) -> None:
@@ -141,6 +154,8 @@ def test_rank_killed_by_a_signal(tmp_path: Path) -> None:
     assert (out.status, out.failing_rank, out.signal) == ("signal", 1, "SIGKILL"), out
     assert "SIGKILL" in out.message and "about to die" in out.stderr_tail
     assert out.ranks[1] == "signal"
+    assert "[rank1]:about to die" in run.lines
+    assert "ChildFailedError" in run.launcher_log and "Traceback" not in run.shown
 
 
 def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
@@ -161,6 +176,7 @@ def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
     assert out.status == "timeout", out
     assert "budget.timeout_s=8" in out.message
     assert out.ranks == {0: "stopped", 1: "stopped"}
+    _assert_stop_is_filed_not_shown(run)
     grandchild = [int(line.split()[-1]) for line in run.log(1).splitlines() if line.startswith("grandchild")]
     assert len(grandchild) == 1
     try:
@@ -174,6 +190,13 @@ def test_no_progress_is_a_hang(tmp_path: Path) -> None:
     assert run.outcome.status == "hang", run.outcome
     assert "no_progress_timeout_s=3" in run.outcome.message
     assert run.outcome.returncode is not None
+    _assert_stop_is_filed_not_shown(run)
+
+
+def _assert_stop_is_filed_not_shown(run: Launched) -> None:
+    # torchrun logs the SIGTERM of the stop at once, then its traceback (unless SIGKILLed first).
+    assert "death signal" in run.launcher_log, run.launcher_log
+    assert "death signal" not in run.shown and "Traceback" not in run.shown
 
 
 def test_keyboard_interrupt_stops_the_run(tmp_path: Path) -> None:
@@ -216,6 +239,12 @@ def test_launch_errors(tmp_path: Path) -> None:
     run = _launch(tmp_path, "print('never')\n", cfg)
     assert run.outcome.status == "launch_error" and run.outcome.returncode is None
     assert "/nonexistent/launcher" in run.outcome.message
+    # a launcher failing with a traceback of its own: nothing else explains it, so it is shown
+    fail = "echo 'Traceback (most recent call last):'; echo 'RuntimeError: no rendezvous'; exit 1"
+    cfg = RunConfig(launch=LaunchConfig(nproc_per_node=2, launcher=f"sh -c \"{fail}\" {{cmd}}"))
+    run = _launch(tmp_path, "print('never')\n", cfg)
+    assert run.outcome.status == "launch_error" and run.outcome.message.endswith("RuntimeError: no rendezvous")
+    assert run.lines == ["Traceback (most recent call last):", "RuntimeError: no rendezvous"]
 
 
 def test_missing_script_is_a_config_error(tmp_path: Path) -> None:

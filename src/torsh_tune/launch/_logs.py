@@ -3,6 +3,14 @@
 torchrun (with `--tee 3` and the `[rank${rank}]:` header template) echoes every worker
 line with its global rank in front; everything else it prints is its own. One reader
 thread files each line and hands it on, unchanged, for the terminal.
+
+Except torchrun's failure report: from torchrun's first warning or error log line
+("W1125 01:52:41.871000 7540 torch/distributed/elastic/...": closing signals sent to the
+workers, a failed worker) or Python traceback on, its own lines (its `ChildFailedError`
+or `SignalException` traceback and the "Root Cause" banner) are held back rather than
+handed on. Filed in logs/launcher.log either way, they reach the terminal only when the
+supervisor releases them: when the run's outcome cannot say what went wrong without them.
+The ranks' lines are always handed on.
 """
 
 from __future__ import annotations
@@ -17,16 +25,27 @@ from ..rundir import RunDir
 __all__ = ["LogDemux"]
 
 _RANK_PREFIX_RE = re.compile(rb"^\[rank(\d+)\]:")
+# torchrun's logging ("W1125 01:52:41.871000 7540 torch/...] ...", glog style) at warning
+# level or above, or an uncaught exception in torchrun: the start of its failure report.
+_LAUNCHER_ALERT_RE = re.compile(rb"^(?:[WEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ |Traceback \(most recent call last\):)")
 _MAX_OPEN_FILES = 128
 
 
 class LogDemux:
-    """Reads a byte stream line by line on a thread; files lines; queues them for display."""
+    """Reads a byte stream line by line on a thread; files lines; queues them for display.
+
+    Attributes:
+        lines: Lines for the terminal, in order.
+        held: torchrun's own lines from its failure report on, not in `lines` (complete
+            once `join` returned True).
+        saw_rank_output: Whether any rank printed anything.
+    """
 
     def __init__(self, stream: IO[bytes], run_dir: RunDir) -> None:
         self._stream = stream
         self._run_dir = run_dir
         self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.held: list[str] = []
         self.saw_rank_output = False
         self._rank_files: dict[int, IO[bytes]] = {}
         run_dir.logs.mkdir(parents=True, exist_ok=True)
@@ -68,6 +87,9 @@ class LogDemux:
                 else:
                     self._launcher.write(line + b"\n")
                     self._launcher.flush()
+                    if self.held or _LAUNCHER_ALERT_RE.match(line):
+                        self.held.append(line.decode("utf-8", errors="replace"))
+                        continue
                 self.lines.put(line.decode("utf-8", errors="replace"))
         finally:
             self._close_ranks()

@@ -6,6 +6,11 @@ it per rank, watches progress through the step records, enforces the wall-clock 
 no-progress timeouts, guarantees that no process of the run survives, and classifies
 how the run ended. A caller may also have a running job stopped (the autotuner prunes
 hopeless trials); that stop takes the same path as a timeout.
+
+The terminal gets the classification, not torchrun's account of the same failure: once the
+supervisor stops a job nothing more of it is shown, and torchrun's failure report (its
+traceback and "Root Cause" banner, see `_logs`) is shown only when the outcome cannot
+explain the failure by itself. Both stay in logs/.
 """
 
 from __future__ import annotations
@@ -316,8 +321,23 @@ class _Supervisor:
         )
         finish_run_info(self.run_dir, outcome)
         # Callbacks last: if the terminal is gone, run.json already tells how the run ended.
-        self._drain()
+        if stopped is None:  # a stopped job's last words are the stop's consequences
+            self._drain()
+        if _launcher_report_needed(outcome, stopped):
+            for line in self.demux.held:
+                self.echo(line)
         if self.on_progress is not None and stopped != "interrupted":
             # The final count, so a progress display ends on what the run really did.
             self.on_progress(self.watcher.snapshot(outcome.duration_s))
         return outcome
+
+
+def _launcher_report_needed(outcome: RunOutcome, stopped: str | None) -> bool:
+    """Whether torchrun's held-back lines must reach the terminal: nothing else says why the run failed.
+
+    A job the supervisor stopped, a failing rank the outcome names and an abort at exit after
+    every rank finished are explained without them; a successful run's are mere warnings.
+    """
+    if outcome.ok:
+        return outcome.returncode == 0
+    return stopped is None and outcome.failing_rank is None
