@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -50,16 +46,6 @@ def test_analysis_tables_and_dataframes_agree() -> None:
         assert len(frame) == len(table), name
     assert a.breakdown is a.breakdown  # built once
     assert a.tables["breakdown"]["idle_pct"].tolist() == pytest.approx(a.breakdown["idle_pct"].tolist())
-
-
-def test_load_and_analyze_import_neither_pandas_nor_pyarrow() -> None:
-    code = ("import sys, json\n"
-            "from torsh_tune.analysis.traces import analyze_traces\n"
-            f"a = analyze_traces({str(TRACES / 'hta-sampled-2rank')!r})\n"
-            "print(json.dumps([m for m in ('pandas', 'pyarrow', 'torch', 'plotly') if m in sys.modules]))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_load_traces_passes_chunk_bytes_and_warns_about_the_python_scanner(monkeypatch) -> None:
