@@ -30,8 +30,9 @@ Public functions:
   `plot_utilization(info)`: memory (RSS, GPU memory) and CPU/GPU utilisation over time.
 - `get_loss_info(frames, *, max_points=2000) -> LossInfo`, `plot_loss(info)`: the loss
   recorded every `profiler.loss_every` steps, mean across ranks, min/median/max band.
-- `reference_model(info) -> CommModel | None`, `get_busbw_model_info(frames, model, *,
-  reference_busbw_gbps=None) -> BusbwModelInfo`, `plot_busbw_model(info)`: each DDP
+- `reference_model(info, *, warnings=None) -> CommModel | None`,
+  `get_busbw_model_info(frames, model, *, reference_busbw_gbps=None) -> BusbwModelInfo`,
+  `plot_busbw_model(info)`: each DDP
   bucket's measured bus bandwidth against the bench's alpha-beta prediction for its size
   (the run's `--reference-bench`); drawn only when a model or reference exists.
 - `build_figures(frames, *, max_points=2000) -> dict[str, Figure]`: every figure above,
@@ -64,6 +65,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -878,23 +880,28 @@ class BusbwModelInfo:
         return not self.bucket
 
 
-def reference_model(info: dict[str, Any]) -> "CommModel | None":
+def reference_model(info: dict[str, Any], *, warnings: list[str] | None = None) -> "CommModel | None":
     """The alpha-beta model of the bench run a run was profiled against, or None.
 
     `profile --reference-bench BENCH_RUN` records the bench run's path in run.json
     (`reference_bench`); its `bench_model.json` is the model. Only that one file name is
-    read, and an unreadable or missing model is None (the figure then shows the reference
-    busbw alone, if run.json has one).
+    read. A missing model is None (the figure then shows the reference busbw alone, if
+    run.json has one); so is an unreadable one, with the warning `analyze_run` gives for
+    the same file appended to `warnings` (logged when no list is given).
     """
     from ..fabric import MODEL_FILE, load_model
-    from ..errors import TorshTuneError
 
     bench = info.get("reference_bench")
-    if not isinstance(bench, str) or not bench:
+    if not isinstance(bench, str) or not bench or not (Path(bench) / MODEL_FILE).is_file():
         return None
     try:
         return load_model(Path(bench) / MODEL_FILE)
-    except (TorshTuneError, OSError, ValueError, KeyError, TypeError):
+    except Exception as exc:  # noqa: BLE001 - the reference is optional; recorded below
+        message = f"reference bench model unreadable: {type(exc).__name__}: {exc}"
+        if warnings is None:
+            logging.getLogger(__name__).warning(message)
+        else:
+            warnings.append(message)
         return None
 
 
