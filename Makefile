@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser clean gpu-check
+.PHONY: demo test venv browser postgres clean gpu-check
 
 $(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
@@ -33,7 +33,17 @@ browser:
 	  else echo "not root or no apt-get: install Debian's chromium to run the browser tests"; fi; \
 	fi
 
-test: $(STAMP) browser
+# Debian's PostgreSQL server for the shared-study test (tests/autotune/test_postgres.py starts its own
+# on a private data directory and port, as an unprivileged user, and stops it after).
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) \
+	      || echo "postgresql could not be installed: the PostgreSQL study test will be skipped"; \
+	  else echo "not root or no apt-get: install Debian's postgresql to run the PostgreSQL study test"; fi; \
+	fi
+
+test: $(STAMP) browser postgres
 	$(BIN)/python -m pytest -q --timeout 600 --durations=15 tests
 
 # What only a GPU can show (gpu-marked tests, NCCL runs with the self-check vs Kineto, overhead,
