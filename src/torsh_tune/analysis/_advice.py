@@ -3,7 +3,7 @@
 `torsh_tune.strategies.advisor.advise` ranks DDP / FSDP / HSDP / pipeline (+ compression)
 from the model size, device memory, world size, node count and link speed. Here those
 inputs come from the run itself, each labelled by how it is known (the labels of
-`bench.topology.Fact`):
+`fabric.Fact`):
 
 - ``measured``: counted or timed in this run (parameters from meta.json, the link from a
   `torsh-tune bench` reference recorded in run.json);
@@ -212,7 +212,7 @@ def _link_gbps(info: dict[str, Any], meta: dict[int, dict[str, Any]]) -> tuple[f
 def _nic_line_rate_gbps(meta: dict[int, dict[str, Any]]) -> tuple[float, str, str] | None:
     """The slowest node's fastest link (InfiniBand port rate, else physical NIC speed), from meta.json `node_facts`.
 
-    One local-rank-0 meta per node carries `node_facts` (`bench.topology.detect_node`). A line
+    One local-rank-0 meta per node carries `node_facts` (`fabric.detect_node`). A line
     rate, not what collectives reach: `--reference-bench` measures that.
     """
     per_host: dict[str, tuple[float, str]] = {}

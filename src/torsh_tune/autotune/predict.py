@@ -1,6 +1,6 @@
 """Predict DDP step times from a fitted communication model, and warm-start a study with them.
 
-A `torsh-tune bench` run fits an alpha-beta model of the fabric (`torsh_tune.bench.model`).
+A `torsh-tune bench` run fits an alpha-beta model of the fabric (`torsh_tune.fabric`).
 With one baseline profile of the workload (its step phases and gradient buckets), the model
 predicts the step time of other DDP settings without running them:
 
@@ -395,7 +395,7 @@ def model_candidates(
     (only active, non-fixed dimensions), so it can be enqueued as is.
 
     Args:
-        model: The fabric's fitted model (`torsh_tune.bench.model.load_model(bench_run)`).
+        model: The fabric's fitted model (`torsh_tune.fabric.load_model(bench_run)`).
         baseline_run_dir: The study's baseline run (profiled DDP, trial 0's settings).
         space: The study's search space.
         top: At most this many candidates.
