@@ -368,19 +368,19 @@ def test_main_job_end_to_end_profiles_tunes_confirms_and_reports(tmp_path):
     md = (study / "summary.md").read_text()
     verdict = summary["verdict"]
     assert verdict["title"] in md and verdict["title"] in proc.stdout
-    if result["best_trial"] is None:
-        assert verdict == {**verdict, "confirmed": False, "title": "No confirmed speedup"}
-        assert summary["speedup"] is None and summary["best"] is None
-    else:
-        assert verdict["confirmed"] and verdict["title"] == f"Confirmed speedup {result['best_speedup']:.3f}x"
-        metrics = {m["metric"]: m for m in summary["migration"]}
-        assert set(metrics) == {"throughput", "peak_memory", "mean_loss", "time_per_step"}
-        assert metrics["throughput"]["best"] is not None and metrics["peak_memory"]["baseline"] > 0
+    # More DataLoader workers are the fix for this input-bound script (3.7x seen): the one right
+    # verdict is that the confirmation found a trial with them faster.
+    assert result["best_trial"] is not None and result["best_speedup"] > 1, result["confirmations"]
+    assert result["best_params"]["dataloader.num_workers"] >= 1
+    assert verdict["confirmed"] and verdict["title"] == f"Confirmed speedup {result['best_speedup']:.3f}x"
+    metrics = {m["metric"]: m for m in summary["migration"]}
+    assert set(metrics) == {"throughput", "peak_memory", "mean_loss", "time_per_step"}
+    assert metrics["throughput"]["best"] is not None and metrics["peak_memory"]["baseline"] > 0
     assert summary["recommendations_tested"][0]["trial"] == 1
     assert summary["commands"]["run"] == f"torsh-tune run --config {study / 'best.toml'} {EXAMPLES / 'data_bound.py'}"
     assert f"torsh-tune run --config {study / 'best.toml'}" in md
-    winner = result["best_params"].get("dataloader.num_workers", "baseline (not confirmed)")
-    print(f"data_bound winner: num_workers={winner}, verdict: {verdict['title']}")
+    print(f"data_bound winner: num_workers={result['best_params']['dataloader.num_workers']}, "
+          f"verdict: {verdict['title']}")
 
 
 def test_default_command_is_the_main_job_and_subcommands_stay():
