@@ -433,6 +433,8 @@ def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
     write_reports(analysis, run_dir.path, formats=RUN_END_FORMATS)
     render_summary(build_report_info(analysis), console)
     if outcome.status == "ok":
+        for warning in outcome.warnings:  # an abort at exit after every rank finished: torchrun's report is in logs/
+            console.print(f"warning: {warning}", markup=False, highlight=False)
         return EXIT_OK, analysis
     # The classification and the failing rank's last words; torchrun's own account of the
     # failure (its traceback and banner) was kept off the terminal and stays in logs/.
