@@ -102,7 +102,8 @@ def test_seeding_enqueues_advisor_trials_after_the_defaults_once(tmp_path):
     _seed_study(study, space, [str(run)], [{"ddp.bucket_cap_mb": 50.0}])
 
     trials = study.get_trials(deepcopy=False)
-    assert [t.user_attrs["role"] for t in trials] == ["pytorch-defaults", "initial", "advisor"]
+    # The baseline's sized recommendation (Top-K at the ratio its overlap allows) follows the advisor's.
+    assert [t.user_attrs["role"] for t in trials] == ["pytorch-defaults", "initial", "advisor", "recommendation"]
     advisor = trials[2]
     assert advisor.user_attrs["advisor_rank"] == 1 and advisor.user_attrs["advisor_name"] == "ddp + fp16 compression"
     record = study.user_attrs["advisor"]
@@ -117,7 +118,7 @@ def test_seeding_enqueues_advisor_trials_after_the_defaults_once(tmp_path):
 
     # A resumed study (it has trials) enqueues nothing again.
     _seed_study(study, space, [str(run)], [])
-    assert len(study.trials) == 3
+    assert len(study.trials) == 4
 
 
 def test_seeding_without_usable_advice_enqueues_only_the_defaults(tmp_path, caplog):
@@ -125,7 +126,8 @@ def test_seeding_without_usable_advice_enqueues_only_the_defaults(tmp_path, capl
     space = build_space(nproc_per_node=2, cpu_count=8)
     study = optuna.create_study(direction="maximize")
     _seed_study(study, space, [str(tmp_path / "missing"), str(run)], [])
-    assert [t.user_attrs["role"] for t in study.trials] == ["pytorch-defaults"]
+    assert [t.user_attrs["role"] for t in study.trials if t.user_attrs["role"] != "recommendation"] == [
+        "pytorch-defaults"]
     assert study.user_attrs["advisor"]["enqueued"] == []
 
     # A failure of the advisor only warns: the study goes on with trial 0.

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..config import ThresholdsConfig
+from ._resources import size_workers
 from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
 
 __all__ = ["diagnose"]
@@ -42,6 +43,7 @@ def diagnose(
     thresholds: ThresholdsConfig | None = None,
     reference_busbw_gbps: float | None = None,
     reference_busbw_at: Callable[[float], float | None] | None = None,
+    host_cores_per_rank: float | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -68,6 +70,9 @@ def diagnose(
             that size (the bench's alpha-beta model). Small messages are latency-bound: the run
             is compared with what the fabric does at its own message size. Without it,
             collectives under `LATENCY_BOUND_BYTES` on average get no `network` finding.
+        host_cores_per_rank: the host's cores divided by its ranks (run.json cpu_count /
+            nproc_per_node). With it and the system sampler's CPU, the `io` finding says when
+            the cores leave more DataLoader workers nothing to gain (`size_workers`).
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -89,7 +94,7 @@ def diagnose(
     if reference_busbw_gbps:
         found += _network(comm, pct, th, all_ranks, reference_busbw_gbps, reference_busbw_at,
                           straggler_found=straggler is not None)
-    found += _io(pct, data_wait_by_rank or {}, th, all_ranks)
+    found += _io(breakdown, data_wait_by_rank or {}, th, all_ranks, system, host_cores_per_rank)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
     found += _pipeline(pipeline, th, all_ranks)
@@ -190,6 +195,12 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         evidence["wait_s"] = comm.wait_s
     if comm.last_transfer_s is not None and step_s:
         evidence["last_transfer_pct"] = round(100.0 * comm.last_transfer_s / step_s, 2)
+    # What `recommend` sizes buckets and compression from (the alpha-beta model of the fabric).
+    if step_s:
+        evidence["step_s"] = step_s
+        evidence["backward_compute_s"] = step_s * pct.get("backward_compute", 0.0) / 100.0
+    evidence["wire_s"] = comm.wire_s
+    evidence["last_wire_s"] = comm.last_transfer_s
     message = f"{exposed:.1f} % of the step is communication not hidden behind backward compute"
     if comm.overlap_pct is not None:
         message += f" (overlap {comm.overlap_pct:.0f} %)"
@@ -239,20 +250,38 @@ def _network(comm: CommStats | None, pct: dict[str, float], th: ThresholdsConfig
              transfer_exposed)]
 
 
-def _io(pct: dict[str, float], by_rank: dict[int, float], th: ThresholdsConfig,
-        ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+def _io(breakdown: Breakdown | None, by_rank: dict[int, float], th: ThresholdsConfig, ranks: tuple[int, ...],
+        system: SystemStats | None, host_cores_per_rank: float | None) -> list[tuple[Bottleneck, float]]:
+    pct = breakdown.phases_pct if breakdown else {}
     data = pct.get("data", 0.0)
     severity = _level(data, critical=th.io_critical_pct, high=th.io_high_pct)
     if severity is None:
         return []
     involved = tuple(r for r, v in sorted(by_rank.items()) if v > th.io_high_pct) or ranks
-    evidence = {
+    evidence: dict[str, Any] = {
         "data_wait_pct": round(data, 2),
         "data_wait_pct_by_rank": {r: round(v, 2) for r, v in sorted(by_rank.items())},
         "threshold_high_pct": th.io_high_pct,
         "threshold_critical_pct": th.io_critical_pct,
+        # What `recommend` sizes the DataLoader workers from (`size_workers`).
+        "step_s": breakdown.step_s,
+        "data_s": breakdown.phases_s.get("data", 0.0),
     }
     message = f"{data:.1f} % of the step waits for the DataLoader"
+    if system is not None and system.cpu_pct_mean is not None and system.sys_cpu_pct_mean is not None:
+        evidence["rank_cpu_pct"] = round(system.cpu_pct_mean, 1)  # a rank's processes, % of one core
+        evidence["host_cpu_busy_pct"] = round(system.sys_cpu_pct_mean, 1)
+        message += (f" (each rank's processes keep {system.cpu_pct_mean / 100:.2f} cores busy; "
+                    f"the host's CPUs are {system.sys_cpu_pct_mean:.0f} % busy)")
+        if host_cores_per_rank:
+            idle = host_cores_per_rank * (1.0 - system.sys_cpu_pct_mean / 100.0)
+            sizing = size_workers(step_s=evidence["step_s"], data_s=evidence["data_s"],
+                                  rank_cpu_cores=system.cpu_pct_mean / 100.0, idle_cores_per_rank=idle)
+            evidence["idle_cores_per_rank"] = round(idle, 2)
+            if sizing.saturated:
+                message += (f": more DataLoader workers will not help, the cores are saturated "
+                            f"({sizing.arithmetic}); a cheaper collate or augmentation, preprocessing offline, "
+                            "or more cores per rank would")
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
 
 

@@ -4,21 +4,43 @@ Every expected gain is a range of % of the median step time computed from the bo
 evidence (the time a change can remove is at most the time the bottleneck costs), never a
 canned figure. `config_patch` is what `RunConfig().apply_patch` accepts; {} when no
 torsh-tune knob can do it (e.g. repairing a slow host).
+
+Quantities are sized from the run, and the arithmetic is in the gain's `basis`:
+
+- DataLoader workers: from the data wait, the rest of the step and the CPU the ranks use
+  and leave idle (`size_workers`); when the cores are saturated the recommendation says that
+  workers will not help and what would.
+- DDP bucket cap: the cap, among values a person would write, whose predicted exposed
+  communication is least: the measured gradient bytes become ready uniformly over the measured
+  backward compute, buckets are all-reduced one at a time, each taking alpha + bus bytes x beta
+  (the alpha-beta model of the run's `--reference-bench`, else fitted to this run's own
+  collectives: its per-step wire time and its last collective's).
+- Top-K compression ratio: the share of today's communication time that backward already
+  hides, divided by the world size (Top-K all-gathers value + index, 8 bytes per kept entry:
+  world x ratio of the dense all-reduce's bus bytes), so the compressed transfer fits there.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
-from ._bottlenecks import theoretical_bubble_pct
+from ..fabric import bus_factor, load_model
+from ._bottlenecks import LATENCY_BOUND_BYTES, theoretical_bubble_pct
+from ._resources import WorkerSizing, size_workers
 from ._runinfo import cpu_count, dig, nproc_per_node
 from ._types import SEVERITIES, Bottleneck, GainRange, Recommendation
 
 __all__ = ["choose_num_workers", "recommend"]
 
 _MiB = 1024 * 1024
-_MAX_WORKERS = 8  # beyond this, workers rarely help one rank and cost memory
+#: Bucket caps (MiB) a recommendation chooses from: values a person would write.
+_BUCKET_CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)
+#: Top-K ratios recommended: not below the config's default 0.01 (the model sees the wire, not
+#: what a sparser gradient costs the loss), not above the search space's 0.1.
+_TOPK_RATIO_MIN, _TOPK_RATIO_MAX = 0.01, 0.1
+_TOPK_ENTRY_BYTES, _FP32_BYTES = 8, 4
 
 
 def recommend(
@@ -64,12 +86,31 @@ def recommend(
     return tuple(out)
 
 
-def choose_num_workers(*, cpu_count: int | None, ranks_per_node: int, current: int = 0) -> int:
-    """DataLoader workers per rank: the cores left per rank after the rank itself, at least current + 1."""
-    if cpu_count is None:
-        return max(current + 1, 2)
-    free = math.floor(cpu_count / max(ranks_per_node, 1)) - 1
-    return max(current + 1, min(_MAX_WORKERS, free))
+def choose_num_workers(io: Bottleneck, *, cpu_count: int | None, ranks_per_node: int,
+                       current: int = 0) -> WorkerSizing:
+    """DataLoader workers per rank for an `io` finding, sized from its measured step, data wait and CPU.
+
+    The host's idle cores per rank are cpu_count x (100 - host CPU busy %) / ranks per node;
+    `size_workers` has the arithmetic.
+
+    Example:
+        >>> io = diagnose(breakdown=analysis.breakdown, system=analysis.system)[0]  # doctest: +SKIP
+        >>> choose_num_workers(io, cpu_count=2, ranks_per_node=2).workers  # doctest: +SKIP
+        2
+    """
+    ev = io.evidence
+    rank_pct, busy_pct = ev.get("rank_cpu_pct"), ev.get("host_cpu_busy_pct")
+    idle = None
+    if cpu_count and busy_pct is not None:
+        idle = cpu_count * (1.0 - float(busy_pct) / 100.0) / max(ranks_per_node, 1)
+    sizing = size_workers(step_s=float(ev["step_s"]), data_s=float(ev["data_s"]), current=current,
+                          rank_cpu_cores=None if rank_pct is None else float(rank_pct) / 100.0,
+                          idle_cores_per_rank=idle)
+    if idle is not None:
+        where = (f"idle cores per rank = {cpu_count} cores x {100.0 - float(busy_pct):.0f} % idle / "
+                 f"{ranks_per_node} ranks = {idle:.2f}")
+        return WorkerSizing(**{**sizing.__dict__, "arithmetic": f"{where}; {sizing.arithmetic}"})
+    return sizing
 
 
 class _Context:
@@ -89,6 +130,15 @@ class _Context:
         host = self.meta.get(rank, {}).get("hostname")
         return str(host) if host else None
 
+    def num_workers(self) -> int:
+        """The workers the run's (first) DataLoader ran with: meta.json, else config.json, else 0."""
+        for m in (self.meta[r] for r in sorted(self.meta)):
+            loaders = m.get("dataloaders")
+            if isinstance(loaders, list) and loaders and isinstance(loaders[0].get("num_workers"), int):
+                return int(loaders[0]["num_workers"])
+        current = dig(self.config, "strategy", "dataloader", "num_workers")
+        return current if isinstance(current, int) else 0
+
 
 def _gain(low: float, high: float, basis: str) -> GainRange:
     high = min(max(high, 0.0), 100.0)
@@ -103,30 +153,34 @@ def _rec(category: str, title: str, rationale: str, patch: dict[str, Any], gain:
 
 def _io(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     d = float(b.evidence["data_wait_pct"])
-    current = dig(ctx.config, "strategy", "dataloader", "num_workers")
-    current = current if isinstance(current, int) else 0
-    workers = choose_num_workers(cpu_count=ctx.cpu_count, ranks_per_node=ctx.ranks_per_node, current=current)
-    if ctx.cpu_count is not None:
-        free = max(ctx.cpu_count / max(ctx.ranks_per_node, 1) - 1.0, 0.0)
-        # Loading parallelises over the workers that have a core of their own; the rank's
-        # main process loads as one producer when num_workers is 0.
-        now_eff = max(min(float(current), free), 1.0)
-        new_eff = max(min(float(workers), free), 1.0)
-        low = d * (1.0 - now_eff / new_eff)
-        cores = (f"{ctx.cpu_count} cores / {ctx.ranks_per_node} ranks per node leave {free:.1f} free cores "
-                 f"per rank, so {workers} workers load ~{new_eff / now_eff:.1f}x faster")
-    else:
-        low = 0.0
-        cores = "cpu_count unknown, so no speed-up from parallel loading can be promised"
+    if "step_s" not in b.evidence:  # a finding recorded before the sizing inputs were kept
+        return []
+    current = ctx.num_workers()
+    sizing = choose_num_workers(b, cpu_count=ctx.cpu_count, ranks_per_node=ctx.ranks_per_node, current=current)
+    if sizing.saturated:
+        return [_rec(
+            "io",
+            "More DataLoader workers will not help: the CPU cores are saturated; make each batch cheaper to load",
+            f"ranks wait {d:.1f} % of each step for the next batch, and the cores a worker would need are busy "
+            f"(host CPUs {b.evidence.get('host_cpu_busy_pct')} % busy): workers could save at most "
+            f"{sizing.high_pct:.1f} % of the step. What would help: a cheaper collate_fn or augmentation (vectorised over the batch, or moved to the "
+            "GPU), preprocessing offline (store decoded, augmented tensors), or more cores per rank (fewer ranks "
+            "per host, a larger CPU allocation)",
+            {},
+            _gain(0.0, d, f"{sizing.arithmetic}; a cheaper batch saves at most the data wait {d:.1f} %"),
+            "medium",
+        )]
+    workers = sizing.workers
     patch: dict[str, Any] = {"dataloader": {"num_workers": workers, "persistent_workers": True}}
     if ctx.device.startswith("cuda"):
         patch["dataloader"]["pin_memory"] = True
     return [_rec(
         "io",
-        f"Load data in {workers} DataLoader worker processes per rank (now {current})",
-        f"ranks wait {d:.1f} % of each step for the next batch; workers prepare batches while the step computes",
+        f"Load data in {workers} DataLoader worker process{'es' if workers > 1 else ''} per rank (now {current})",
+        f"ranks wait {d:.1f} % of each step for the next batch; {workers} workers have one ready every "
+        f"{1e3 * sizing.load_s / workers:.3g} ms while the step computes",
         patch,
-        _gain(low, d, f"data wait {d:.1f} % of the step bounds the saving; {cores}"),
+        _gain(sizing.low_pct, sizing.high_pct, sizing.arithmetic),
         "low",
     )]
 
@@ -135,35 +189,153 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     ev = b.evidence
     e = float(ev.get("attributable_comm_pct", ev["exposed_comm_pct"]))
     bwd = float(ev.get("backward_compute_pct", 0.0))
-    last = float(ev.get("last_transfer_pct", 0.0))
-    # Overlap hides communication only behind backward compute, and never the last bucket.
-    high = min(e, bwd)
-    low = high - last
     if not ctx.ddp:
         return _communication_without_ddp(e, bwd, ev, ctx)
-    cap = ctx.ddp.get("bucket_cap_mb") or 25.0
-    num_buckets = ctx.ddp.get("num_buckets")
-    if num_buckets is None and ev.get("num_collectives_per_step"):
-        num_buckets = round(float(ev["num_collectives_per_step"]))
-    param_mib = (ctx.ddp.get("param_bytes") or 0) / _MiB
-    if num_buckets is not None and num_buckets > 16:
-        new_cap, why = cap * 2, f"{num_buckets} buckets per step pay per-collective latency; fewer, larger ones"
-    elif param_mib and (num_buckets is None or num_buckets <= 2):
-        new_cap = max(1.0, round(param_mib / 4, 1))
-        why = f"{param_mib:.1f} MiB of gradients in {num_buckets or 1} bucket(s) cannot overlap; ~4 buckets can"
-    else:
-        new_cap, why = max(1.0, cap / 2), "smaller buckets start communicating earlier in backward"
-    if new_cap == cap:  # already at the smallest bucket DDP (and Dynamo's DDPOptimizer) accept
-        return []
-    return [_rec(
+    recs = [_bucket_cap(ev, e, bwd, ctx)]
+    recs.append(_topk_ratio(ev, e, ctx))
+    return [r for r in recs if r is not None]
+
+
+class _Fabric:
+    """All-reduce time of one bucket: alpha + bus factor x bytes x beta, and where alpha and beta come from."""
+
+    def __init__(self, alpha_s: float, beta_s_per_byte: float, world_size: int, source: str) -> None:
+        self.alpha_s, self.beta, self.source = alpha_s, beta_s_per_byte, source
+        self.factor = bus_factor("all_reduce", world_size)
+
+    def allreduce_s(self, size_bytes: float) -> float:
+        return self.alpha_s + self.factor * size_bytes * self.beta
+
+    def describe(self) -> str:
+        busbw = f"{1e-9 / self.beta:.3g} GB/s" if self.beta > 0 else "unbounded"
+        return f"alpha {1e6 * self.alpha_s:.3g} us, bus bandwidth 1/beta {busbw} ({self.source})"
+
+
+def _fabric(ev: dict[str, Any], ctx: _Context) -> tuple[_Fabric | None, str]:
+    """The fabric's alpha-beta model: the run's reference bench, else fitted to this run's collectives; or why none."""
+    bench = ctx.info.get("reference_bench")
+    if isinstance(bench, str) and os.path.isfile(os.path.join(bench, "bench_model.json")):
+        try:
+            model = load_model(bench)
+        except Exception as exc:  # noqa: BLE001 - said in the recommendation instead
+            return None, f"the reference bench model is unreadable ({type(exc).__name__}: {exc})"
+        fit = model.get("all_reduce", "inter" if model.nnodes > 1 else None) or model.get("all_reduce")
+        if fit is not None:
+            return _Fabric(fit.alpha_s, fit.beta_s_per_byte, ctx.world_size, f"bench {bench}"), ""
+    # This run's own collectives: per step n of them carry G bytes in wire time X, the last one,
+    # of b bytes, in t. X = n alpha + f G beta and t = alpha + f b beta give alpha and beta when
+    # the last bucket is not the average one (DDP's first bucket is small, its last the rest).
+    sizes = ctx.ddp.get("bucket_sizes_bytes")
+    wire, last = ev.get("wire_s"), ev.get("last_wire_s")
+    if not (isinstance(sizes, list) and len(sizes) >= 2 and wire and last):
+        return None, ("no reference bench (profile with --reference-bench) and this run has fewer than two DDP "
+                      "buckets to fit the fabric's latency and bandwidth apart")
+    n, grad, b_last = len(sizes), float(sum(sizes)), float(sizes[-1])
+    spread = n - grad / b_last
+    alpha = (float(wire) - grad * float(last) / b_last) / spread if abs(spread) >= 0.25 else -1.0
+    f_beta = (float(last) - alpha) / b_last
+    if alpha < 0 or f_beta <= 0:
+        return None, (f"no reference bench, and this run's collectives (wire {1e3 * float(wire):.3g} ms per step "
+                      f"over {n} buckets, the last {b_last / _MiB:.3g} MiB in {1e3 * float(last):.3g} ms) do not "
+                      "separate latency from bandwidth")
+    fabric = _Fabric(alpha, f_beta / bus_factor("all_reduce", ctx.world_size), ctx.world_size,
+                     f"fitted to this run: {n} buckets of {grad / _MiB:.3g} MiB in {1e3 * float(wire):.3g} ms of wire "
+                     f"per step, the last ({b_last / _MiB:.3g} MiB) in {1e3 * float(last):.3g} ms")
+    return fabric, ""
+
+
+def predicted_exposed_s(fabric: _Fabric, *, grad_bytes: float, backward_s: float, cap_bytes: float,
+                        first_cap_bytes: float) -> float:
+    """Communication left after backward: gradients ready uniformly over backward, buckets all-reduced in turn."""
+    done = finish = 0.0
+    cap = min(first_cap_bytes, cap_bytes)
+    while done < grad_bytes:
+        size = min(cap, grad_bytes - done)
+        done += size
+        finish = max(backward_s * done / grad_bytes, finish) + fabric.allreduce_s(size)
+        cap = cap_bytes
+    return max(0.0, finish - backward_s)
+
+
+def _bucket_cap(ev: dict[str, Any], e: float, bwd: float, ctx: _Context) -> Recommendation | None:
+    cap = float(ctx.ddp.get("bucket_cap_mb") or 25.0)
+    first = float(ctx.ddp.get("first_bucket_cap_mb") or 1.0)
+    grad = float(ctx.ddp.get("param_bytes") or ev.get("bytes_per_step") or 0.0)
+    step_s, backward_s = ev.get("step_s"), ev.get("backward_compute_s")
+    fabric, why_not = _fabric(ev, ctx)
+    if fabric is None or not (grad and step_s and backward_s is not None):
+        why_not = why_not or "the step, backward or gradient size was not recorded"
+        return _rec(
+            "communication",
+            "Measure the fabric to size DDP's buckets (torsh-tune bench, then profile --reference-bench)",
+            f"{e:.1f} % of the step is exposed communication, and the bucket cap that hides most of it depends on "
+            f"the fabric's latency and bandwidth: {why_not}",
+            {},
+            _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %"),
+            "low",
+        )
+
+    def exposed(cap_mb: float) -> float:
+        return predicted_exposed_s(fabric, grad_bytes=grad, backward_s=float(backward_s), cap_bytes=cap_mb * _MiB,
+                                   first_cap_bytes=first * _MiB)
+
+    caps = sorted({c for c in _BUCKET_CAPS_MB if c <= max(2 * grad / _MiB, 1.0)} | {cap})
+    predicted = {c: exposed(c) for c in caps}
+    # The least exposure; among caps within 1 % of the step of it, the fewest collectives.
+    least = min(predicted.values())
+    best = max(c for c, x in predicted.items() if x <= least + 0.01 * float(step_s))
+    now, new, measured = predicted[cap], predicted[best], e * float(step_s) / 100.0
+    if best == cap or now - new < 0.01 * float(step_s):
+        return None  # no cap a person would write hides more than 1 % of the step
+    table = ", ".join(f"{c:g} MiB {1e3 * x:.3g} ms" for c, x in predicted.items())
+    basis = (f"alpha-beta model: {fabric.describe()}; {grad / _MiB:.3g} MiB of gradients ready over "
+             f"{1e3 * float(backward_s):.3g} ms of backward, all-reduced bucket by bucket; predicted exposed comm "
+             f"per cap: {table}; cap {best:g} MiB saves {1e3 * (now - new):.3g} ms predicted "
+             f"(measured exposed now {1e3 * measured:.3g} ms vs {1e3 * new:.3g} ms predicted at {best:g} MiB)")
+    to_pct = 100.0 / float(step_s)
+    return _rec(
         "communication",
-        f"Set DDP bucket_cap_mb to {new_cap:g} (now {cap:g})",
-        f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
-        {"ddp": {"bucket_cap_mb": float(new_cap)}},
-        _gain(low, high, f"exposed comm {e:.1f} % hidable only behind backward compute {bwd:.1f} %, "
-                         f"minus the last bucket's transfer {last:.1f} %"),
+        f"Set DDP bucket_cap_mb to {best:g} (now {cap:g})",
+        f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); the fabric model "
+        f"predicts {1e3 * new:.3g} ms exposed at {best:g} MiB buckets against {1e3 * now:.3g} ms at {cap:g} MiB",
+        {"ddp": {"bucket_cap_mb": best}},
+        _gain(min(now - new, measured - new) * to_pct, min(e, max(now - new, measured - new) * to_pct), basis),
         "low",
-    )]
+    )
+
+
+def _topk_ratio(ev: dict[str, Any], e: float, ctx: _Context) -> Recommendation | None:
+    """Top-K at the ratio whose transfer fits in the communication time backward already hides."""
+    comm_s, exposed_s, step_s = ev.get("comm_s"), ev.get("exposed_comm_s"), ev.get("step_s")
+    n = ctx.world_size
+    if n < 2 or not (comm_s and exposed_s and step_s) or ctx.ddp.get("comm_hook") not in (None, "allreduce"):
+        return None  # a script's own comm hook, or compression already on: not ours to replace
+    per_collective = float(ev.get("bytes_per_step") or 0.0) / max(float(ev.get("num_collectives_per_step") or 1), 1.0)
+    if per_collective < LATENCY_BOUND_BYTES:
+        return None  # latency-bound: fewer bytes do not shorten the collectives
+    hidden = max(float(comm_s) - float(exposed_s), 0.0)
+    wanted = hidden / float(comm_s) / n
+    ratio = float(f"{min(max(wanted, _TOPK_RATIO_MIN), _TOPK_RATIO_MAX):.2g}")
+    after = max(n * ratio * float(comm_s) - hidden, 0.0)  # the compressed transfer beyond the hidden time
+    saving = min(float(exposed_s) - after, e * float(step_s) / 100.0)
+    if saving <= 0.01 * float(step_s):
+        return None
+    clamp = "" if ratio == float(f"{wanted:.2g}") else f", held within [{_TOPK_RATIO_MIN:g}, {_TOPK_RATIO_MAX:g}]"
+    basis = (f"backward hides {1e3 * hidden:.3g} ms of the {1e3 * float(comm_s):.3g} ms of communication per step; "
+             f"Top-K sends {_TOPK_ENTRY_BYTES} bytes per kept entry to all {n} ranks, {n} x ratio of the dense "
+             f"all-reduce's bus bytes, so ratio = hidden / comm / world = {hidden / float(comm_s):.3g} / {n} = "
+             f"{wanted:.3g}{clamp}; exposed {1e3 * float(exposed_s):.3g} ms -> {1e3 * after:.3g} ms if the wire "
+             "time scales with the bytes (high); the top-k selection's compute is not modelled and on a CPU can "
+             "cost what it saves (low)")
+    return _rec(
+        "communication",
+        f"Compress gradients with Top-K at ratio {ratio:g} (error feedback on)",
+        f"{e:.1f} % of the step is exposed communication; sending the largest {100 * ratio:g} % of each bucket's "
+        "entries shrinks the transfer into the time backward hides (lossy: the study's loss guard checks it)",
+        {"compression": {"method": "topk", "ratio": ratio, "error_feedback": True}},
+        _gain(0.0, 100.0 * saving / float(step_s), basis),
+        "low",
+    )
 
 
 def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _Context) -> list[Recommendation]:

@@ -592,7 +592,8 @@ def tune(
 
 def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str], initial_params: Sequence[Mapping[str, Any]], *,
                 comm_model: CommModel | None = None, reference_bench: Any = None) -> None:
-    """Enqueue trial 0 (PyTorch defaults), `initial_params`, the advisor's candidates, then the model's.
+    """Enqueue trial 0 (PyTorch defaults), `initial_params`, the advisor's candidates, the baseline's
+    sized recommendations, then the model's.
 
     Only into a study without trials: a resumed study already holds them (run or waiting).
     """
@@ -642,38 +643,72 @@ def _enqueue_model(study, space: SearchSpace, run_dirs: Sequence[str], model: Co
 
 def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
                      exclude: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Enqueue the strategy advisor's candidates for the baseline run; a failure only warns.
+    """Enqueue what the baseline's analysis proposes: the strategy advisor's candidates, then the
+    recommendations sized from the run (DataLoader workers, bucket cap, compression ratio) whose
+    patches the space can express, so the study confirms or refutes each. A failure only warns.
 
-    The first baseline run with advice (a recorded parameter count) is used. What was
-    enqueued and skipped (and why) is kept in the study's user attr "advisor".
+    The advisor's come from the first baseline run with advice (a recorded parameter count), the
+    recommendations from the first with step records. What was enqueued and skipped (and why) is
+    kept in the study's user attrs "advisor" and "recommendations".
+
+    Returns:
+        The parameters enqueued.
     """
-    try:
-        from ..analysis import analyze_run
+    from ..analysis import analyze_run
 
+    analyses: list[Any] = []
+    enqueued: list[dict[str, Any]] = []
+    try:
         rows: tuple[dict[str, Any], ...] = ()
         for run_dir in run_dirs:
-            rows = analyze_run(run_dir).advice
+            analyses.append(analyze_run(run_dir))
+            rows = analyses[-1].advice
             if rows:
                 break
         if not rows:
             study.set_user_attr("advisor", {"enqueued": [], "skipped": [],
                                             "note": "no advice: the baseline recorded no parameter count"})
-            return []
-        names = {int(r["rank"]): str(r["name"]) for r in rows}
-        skipped: list[str] = []
-        trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
-        for rank, params in trials:
-            study.enqueue_trial(params, user_attrs={"role": "advisor", "advisor_rank": rank,
-                                                    "advisor_name": names.get(rank, "")})
-        study.set_user_attr("advisor", {
-            "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
-                         for rank, params in trials],
-            "skipped": skipped,
-        })
-        return [params for _, params in trials]
+        else:
+            names = {int(r["rank"]): str(r["name"]) for r in rows}
+            skipped: list[str] = []
+            trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
+            for rank, params in trials:
+                study.enqueue_trial(params, user_attrs={"role": "advisor", "advisor_rank": rank,
+                                                        "advisor_name": names.get(rank, "")})
+            study.set_user_attr("advisor", {
+                "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
+                             for rank, params in trials],
+                "skipped": skipped,
+            })
+            enqueued += [params for _, params in trials]
     except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
         _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
-        return []
+    try:
+        analysis = next((a for a in analyses if a.breakdown is not None), None)
+        for run_dir in run_dirs[len(analyses):] if analysis is None else ():
+            analysis = analyze_run(run_dir)
+            if analysis.breakdown is not None:
+                break
+        recs = analysis.recommendations if analysis is not None else ()
+        rows = tuple({"rank": r.priority, "name": r.title, "config_patch": r.config_patch} for r in recs)
+        skipped = [f"#{r.priority} {r.title}: no config knob (a code change)" for r in recs if not r.config_patch]
+        trials = advisor_params([row for row in rows if row["config_patch"]], space,
+                                exclude=[*exclude, *enqueued], skipped=skipped)
+        by_rank = {r.priority: r for r in recs}
+        for rank, params in trials:
+            gain = by_rank[rank].expected_gain
+            study.enqueue_trial(params, user_attrs={"role": "recommendation", "recommendation": by_rank[rank].title,
+                                                    "expected_gain_pct": [gain.low_pct, gain.high_pct]})
+        study.set_user_attr("recommendations", {
+            "run_dir": analysis.run_dir if analysis is not None else None,
+            "enqueued": [{"priority": rank, "title": by_rank[rank].title, "params": params,
+                          "basis": by_rank[rank].expected_gain.basis} for rank, params in trials],
+            "skipped": skipped,
+        })
+        enqueued += [params for _, params in trials]
+    except Exception as exc:  # noqa: BLE001 - recommendations only seed the search; they must not stop it
+        _log.warning("recommendations not enqueued: %s: %s", type(exc).__name__, exc)
+    return enqueued
 
 
 def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
