@@ -5,11 +5,12 @@ from .collectives import CollectiveCapture
 from .comm import TimedCommHook, default_allreduce
 from .steps import StepTracker
 from .system import SystemSampler, open_nvml_device
-from .writer import RecordWriter
+from .writer import RecordWriter, SharedFields
 
 __all__ = [
     "CollectiveCapture",
     "RecordWriter",
+    "SharedFields",
     "StepTracker",
     "SystemSampler",
     "TimedCommHook",

@@ -37,6 +37,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ._clock import now
 from .steps import StepTracker
+from .writer import SharedFields
 
 __all__ = ["CollectiveCapture", "issuer_of"]
 
@@ -143,10 +144,10 @@ def _walk_issuer(frame: Any) -> str:
     return "user"
 
 
-def _nbytes_dtype(value: Any) -> tuple[int, str | None]:
-    """Bytes and dtype of a tensor, a (nested) list of tensors, or a list of P2POps."""
+def _nbytes_dtype(value: Any) -> tuple[int, Any]:
+    """Bytes and dtype (a torch.dtype, or None) of a tensor, a (nested) list of tensors, or a list of P2POps."""
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size(), str(value.dtype).removeprefix("torch.")
+        return value.nbytes, value.dtype
     if isinstance(value, (list, tuple)):
         total, dtype = 0, None
         for v in value:
@@ -158,23 +159,44 @@ def _nbytes_dtype(value: Any) -> tuple[int, str | None]:
 
 
 class _GroupInfo:
-    __slots__ = ("name", "ranks", "backend", "size")
+    __slots__ = ("name", "ranks", "backend", "size", "nccl")
 
     def __init__(self, name: str, ranks: list[int], backend: str) -> None:
         self.name, self.ranks, self.backend, self.size = name, ranks, backend, len(ranks)
+        self.nccl = "nccl" in backend  # also "cpu:gloo,cuda:nccl"
+
+    def fields(self) -> dict[str, Any]:
+        return {"group": self.name, "group_ranks": self.ranks, "group_size": self.size, "backend": self.backend}
 
 
 class CollectiveCapture:
-    """Wraps `torch.distributed`'s collectives; hands records to a `StepTracker`."""
+    """Wraps `torch.distributed`'s collectives; hands records to a `StepTracker`.
+
+    A record holds what changes per call (step, seq, bytes, times, DDP bucket); what all calls
+    of one kind share (op, group, issuer, dtype, clock, stream, hook) is one `SharedFields`
+    per kind, built and encoded once (`_s`).
+    """
 
     def __init__(self, tracker: StepTracker, *, rank: int) -> None:
         self.tracker = tracker
         self.rank = rank
         self._local = threading.local()  # depth of nested calls; the DDP bucket being reduced
         self._groups: dict[int, _GroupInfo] = {}
+        self._default: _GroupInfo | None = None  # the default group's, until it is destroyed
+        # kind of call -> (its shared fields, [count, bytes])
+        self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
         self.installed: list[str] = []
-        self.by_issuer: dict[str, dict[str, int]] = {}  # issuer -> {"count", "bytes"}, for meta.json
+
+    @property
+    def by_issuer(self) -> dict[str, dict[str, int]]:
+        """issuer -> {"count", "bytes"} of every collective captured so far (for meta.json)."""
+        out: dict[str, dict[str, int]] = {}
+        for shared, (count, nbytes) in self._kinds.values():
+            totals = out.setdefault(shared["issuer"], {"count": 0, "bytes": 0})
+            totals["count"] += count
+            totals["bytes"] += nbytes
+        return out
 
     # -- installation -------------------------------------------------------------------
     def install(self) -> None:
@@ -182,12 +204,27 @@ class CollectiveCapture:
             original = getattr(c10d, name, None)
             if original is None or getattr(original, "_torsh_capture", False):
                 continue
-            wrapper = self._wrap(name, original, size_arg)
-            setattr(c10d, name, wrapper)
-            if getattr(dist, name, None) is original:
-                setattr(dist, name, wrapper)
+            self._replace(name, original, self._wrap(name, original, size_arg))
             self.installed.append(name)
+        self._replace("destroy_process_group", c10d.destroy_process_group, self._wrap_destroy(c10d.destroy_process_group))
         self._patch_wait()
+
+    @staticmethod
+    def _replace(name: str, original: Callable, wrapper: Callable) -> None:
+        wrapper._torsh_capture = True  # type: ignore[attr-defined]
+        setattr(c10d, name, wrapper)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapper)
+
+    def _wrap_destroy(self, original: Callable) -> Callable:
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            # Group objects (and their ids) do not outlive this: forget what was learned about them.
+            self._groups.clear()
+            self._default = None
+            return original(*args, **kwargs)
+
+        return destroy_process_group
 
     def _patch_wait(self) -> None:
         work_type = torch._C._distributed_c10d.Work
@@ -225,14 +262,15 @@ class CollectiveCapture:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling() or getattr(local, "depth", 0):
-                if getattr(local, "depth", 0) and i_size is not None:
-                    outer = local.record
-                    if outer is not None and outer["_nested_size"]:
-                        n, d = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
-                                             args[i_size] if len(args) > i_size else None)
-                        outer["bytes"] += n
-                        outer["dtype"] = outer["dtype"] or d
+            if getattr(local, "depth", 0):  # inside a captured call: an object collective's own calls
+                if i_size is not None and local.record is not None:
+                    n, d = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
+                                         args[i_size] if len(args) > i_size else None)
+                    local.record["bytes"] += n
+                    local.record["wire_bytes"] += n
+                    local.dtype = local.dtype or d
+                return original(*args, **kwargs)
+            if torch.compiler.is_compiling():
                 return original(*args, **kwargs)
             issuer = _caller_issuer(sys._getframe(1))
             if issuer == "torsh-tune":  # our own teardown barrier is not the script's
@@ -241,25 +279,33 @@ class CollectiveCapture:
                 args[i_group] if i_group is not None and len(args) > i_group else None)
             async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
                 args[i_async] if i_async is not None and len(args) > i_async else False))
-            if i_size is not None:
+            if i_size is None:  # sized by the calls it makes
+                record = self._begin(op, group, 0, None, issuer, async_op)
+                local.depth, local.record, local.dtype = 1, record, None
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    local.depth, local.record = 0, None
+                if local.dtype is not None:
+                    record["dtype"] = str(local.dtype).removeprefix("torch.")
+            else:
                 nbytes, dtype = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
                                               args[i_size] if len(args) > i_size else None)
-            else:
-                nbytes, dtype = 0, None
-            record = self._begin(op, group, nbytes, dtype, issuer, async_op, nested_size=i_size is None)
-            local.depth, local.record = 1, record
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                local.depth, local.record = 0, None
+                record = self._begin(op, group, nbytes, dtype, issuer, async_op)
+                local.depth, local.record = 1, None
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    local.depth = 0
             self._end(record, result)
             return result
 
-        collective._torsh_capture = True  # type: ignore[attr-defined]
         return collective
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:
+        if group is None and self._default is not None:
+            return self._default
         pg = group if group is not None else c10d._get_default_group()
         info = self._groups.get(id(pg))
         if info is None:
@@ -268,52 +314,61 @@ class CollectiveCapture:
             except Exception:  # noqa: BLE001 - a group this rank is not in
                 ranks = []
             backend = str(dist.get_backend(pg))
-            label = "world" if pg is c10d._get_default_group() else getattr(pg, "group_name", "") or f"group{len(self._groups)}"
+            default = pg is c10d._get_default_group()
+            label = "world" if default else getattr(pg, "group_name", "") or f"group{len(self._groups)}"
             info = self._groups[id(pg)] = _GroupInfo(str(label), ranks, backend)
+            if default:
+                self._default = info
         return info
 
     def group_of(self, group: Any) -> dict[str, Any]:
         """The record fields of a process group (None: the default group)."""
-        info = self._group(group)
-        return {"group": info.name, "group_ranks": info.ranks, "group_size": len(info.ranks), "backend": info.backend}
+        return self._group(group).fields()
 
-    def _begin(self, op: str, group: Any, nbytes: int, dtype: str | None, issuer: str, async_op: bool,
-               *, nested_size: bool) -> dict[str, Any]:
+    def _kind(self, key: tuple, info: _GroupInfo) -> tuple[SharedFields, list[int]]:
+        op, _, issuer, dtype, async_op, stream, hook = key
+        fields: dict[str, Any] = {"rank": self.rank, "collective": op, "issuer": issuer, **info.fields(),
+                                  "async_op": async_op, "clock": "host" if stream is None else "device"}
+        if dtype is not None:
+            fields["dtype"] = str(dtype).removeprefix("torch.")
+        if stream is not None:
+            fields["stream"] = stream
+        if hook is not None:
+            fields["hook"] = hook
+        else:
+            fields["bucket"] = -1
+        kind = self._kinds[key] = (SharedFields(fields), [0, 0])
+        return kind
+
+    def _begin(self, op: str, group: Any, nbytes: int, dtype: Any, issuer: str, async_op: bool) -> dict[str, Any]:
         tracker = self.tracker
         info = self._group(group)
-        step, seq, index = tracker.next_comm()
-        totals = self.by_issuer.get(issuer)
-        if totals is None:
-            totals = self.by_issuer[issuer] = {"count": 0, "bytes": 0}
-        totals["count"] += 1
-        totals["bytes"] += nbytes
+        events = tracker.device_events if info.nccl else None
+        stream = None if events is None else "default" if events.current_stream()[1] else "side"
         bucket = getattr(self._local, "bucket", None)
-        # Fields without a value are left out (the schema's defaults): fewer keys to build and encode.
-        record: dict[str, Any] = {
-            "rank": self.rank, "step": step, "seq": seq, "bucket": -1, "collective": op, "issuer": issuer,
-            "group": info.name, "group_ranks": info.ranks, "group_size": info.size, "backend": info.backend,
-            "bytes": nbytes, "wire_bytes": nbytes, "dtype": dtype, "async_op": async_op, "t_issue": now(),
-            "blocked_s": 0.0, "clock": "host", "_nested_size": nested_size,
-        }
+        key = (op, info, issuer, dtype, async_op, stream, None if bucket is None else bucket[1])
+        kind = self._kinds.get(key) or self._kind(key, info)
+        kind[1][0] += 1
+        kind[1][1] += nbytes
+        step, seq, _ = tracker.next_comm()
+        record: dict[str, Any] = {"_s": kind[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
+                                  "t_issue": now(), "blocked_s": 0.0}
         if bucket is not None:
-            record["bucket"], record["hook"] = bucket[0], bucket[1]
+            record["bucket"] = bucket[0]
             if bucket[2] is not None:  # only the bucket's first collective carries its gradient bytes
                 record["grad_bytes"], record["num_tensors"] = bucket[2], bucket[3]
                 self._local.bucket = (bucket[0], bucket[1], None, None)
-        if "nccl" in info.backend and tracker.device_events is not None:  # also "cpu:gloo,cuda:nccl"
-            record["clock"] = "device"
-            record["stream"] = "default" if tracker.device_events.current_stream()[1] else "side"
-            record["_start"] = tracker.device_events.record()
+        if events is not None:
+            record["_start"] = events.record()
         return record
 
     def _end(self, record: dict[str, Any], result: Any) -> None:
-        del record["_nested_size"]
         t_return = now()
         work = result if isinstance(result, torch._C._distributed_c10d.Work) else (
             result[-1] if isinstance(result, list) and result and isinstance(result[-1], torch._C._distributed_c10d.Work)
             else None)
-        device = record["clock"] == "device"
-        if work is None or not record["async_op"]:
+        device = "_start" in record
+        if work is None or not record["_s"]["async_op"]:
             # Synchronous: done on return (gloo), or the current stream now waits for it (NCCL).
             record["blocked_s"] = t_return - record["t_issue"]
             if device:
@@ -342,8 +397,9 @@ class CollectiveCapture:
         except RuntimeError:
             # No future for this work (some p2p works): completion is when wait() returns (host clock).
             record["_on_wait"] = True
-            record["clock"] = "host"
-            record.pop("_start", None)
+            if device:  # rare: the kind's host-clock twin, built for this record
+                record["_s"] = SharedFields({k: v for k, v in record["_s"].items() if k != "stream"} | {"clock": "host"})
+                del record["_start"]
 
     # -- DDP buckets --------------------------------------------------------------------
     def bucket(self, index: int, hook: str, grad_bytes: int, num_tensors: int) -> "_BucketScope":

@@ -176,7 +176,7 @@ class StepTracker:
             self._start_event = self.device_events.record()
         self._queue.append(entry)
         self._collect_comm()
-        self._write_ready(t_end)
+        self._write_ready()
         self.step += 1
         self._t_start = t_end
         self._reset()
@@ -194,7 +194,7 @@ class StepTracker:
                 self._write_late_comm(c)
 
     def _write_late_comm(self, c: dict[str, Any]) -> None:
-        if c.get("clock") == "device" and not self._comm_events_done(c):
+        if "_start" in c and not self._comm_events_done(c):
             self._late.append(c)
             return
         self._finish_comm(c, None)
@@ -207,14 +207,14 @@ class StepTracker:
         events = entry.get("events")
         if events is not None and not events[1].query():
             return False
-        return all(self._comm_events_done(c) for c in entry["comm"] if c.get("clock") == "device")
+        return all(self._comm_events_done(c) for c in entry["comm"] if "_start" in c)
 
     @staticmethod
     def _comm_events_done(c: dict[str, Any]) -> bool:
         end = c.get("_end")
         return end is not None and end.query()
 
-    def _write_ready(self, t: float | None, *, wait: bool = False) -> None:
+    def _write_ready(self, *, wait: bool = False) -> None:
         while self._queue:
             entry = self._queue[0]
             newest = len(self._queue) == 1
@@ -226,8 +226,8 @@ class StepTracker:
             self._finalize(entry, last=newest)
             if self._writer is not None:
                 for c in entry["comm"]:
-                    self._writer.write("comm", c, t=t)
-                self._writer.write("steps", entry["record"], t=t)
+                    self._writer.write("comm", c)
+                self._writer.write("steps", entry["record"])
 
     def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
         record, comm = entry["record"], entry["comm"]
@@ -258,7 +258,8 @@ class StepTracker:
                         c.pop(key, None)
         else:
             for c in comm:
-                self._finish_comm(c, None)
+                if "_start" in c:  # NCCL collectives of a step kept on the host clock
+                    self._finish_comm(c, None)
         if events is not None:
             spans = [(p, record["t_start"] + s0, record["t_start"] + s1) for p, s0, s1 in entry["device_spans"]]
         else:
@@ -315,10 +316,10 @@ class StepTracker:
             c["_rel_end"] = ev.seconds(step_start, end)
         ev.release(start, end)
 
-    def flush_pending(self, t: float | None = None) -> None:
+    def flush_pending(self) -> None:
         """Write every step still held (waits for device events; DDP's last step keeps hook-timed comm only)."""
         self._collect_comm()
-        self._write_ready(t, wait=True)
+        self._write_ready(wait=True)
 
     def flush_comm(self) -> None:
         """Write what is still held at the end of the run (waits for device events)."""
@@ -402,6 +403,7 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
     for c in comm:
         if c.get("duration_s") is None:
             continue
+        shared = c["_s"]  # the fields every call of its kind has (`SharedFields`)
         if device and "_rel_start" in c:
             s = record["t_start"] + c.pop("_rel_start")
             e = record["t_start"] + c.pop("_rel_end")
@@ -410,17 +412,17 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
         spans.append((s, e))
-        if c.get("hook") == "builtin":
+        if shared.get("hook") == "builtin":
             continue  # the reducer's one record per step: its exposure is `ddp_exposed` (comm end - compute end)
-        if c.get("issuer", "ddp") == "ddp":
+        if shared["issuer"] == "ddp":
             ddp.append((s, e))
         elif device:
-            if c.get("clock") == "device" and c.get("stream") == "default" and not c.get("async_op"):
+            if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
                 blocked.append((s, e))
-        elif c.get("blocked_s"):
+        elif c["blocked_s"]:
             # A synchronous call blocks from its issue; a wait() blocks until the completion.
             b = c["blocked_s"]
-            blocked.append((s, s + b) if not c.get("async_op") else (e - b, e))
+            blocked.append((s, s + b) if not shared["async_op"] else (e - b, e))
     in_phase = dict.fromkeys(_PHASES, 0.0)
     ddp_s = ddp_exposed
     if ddp:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig, dist_env
-from ..profiler import RecordWriter, StepTracker, SystemSampler, now, open_nvml_device
+from ..profiler import RecordWriter, SharedFields, StepTracker, SystemSampler, now, open_nvml_device
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
 from .patches import _batch_size
@@ -276,15 +276,17 @@ class RankRuntime:
             compute_end = data.get("backward_compute_time_end")
             if compute_end:
                 exposed = max(exposed, t_complete - compute_end / 1e9)
-            group = self.collectives.group_of(model.process_group) if self.collectives is not None else None
+            shared = getattr(model, "_torsh_comm_fields", None)
+            if shared is None:
+                group = self.collectives.group_of(model.process_group) if self.collectives is not None else {}
+                shared = model._torsh_comm_fields = SharedFields({
+                    "rank": self.rank, "bucket": -1, "collective": "all_reduce", "hook": "builtin", "issuer": "ddp",
+                    "num_tensors": info["num_param_tensors"], "clock": "device" if self.on_cuda else "host",
+                    "async_op": True, **group})
+            nbytes = info["param_bytes"]
             records.append({
-                "rank": self.rank, "step": step, "seq": seq + len(records), "bucket": -1,
-                "collective": "all_reduce", "hook": "builtin", "bytes": info["param_bytes"],
-                "wire_bytes": info["param_bytes"], "num_tensors": info["num_param_tensors"],
-                "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
-                "issuer": "ddp", "clock": "device" if self.on_cuda else "host", "grad_bytes": info["param_bytes"],
-                "async_op": True,
-                **(group or {}),
+                "_s": shared, "step": step, "seq": seq + len(records), "bytes": nbytes, "wire_bytes": nbytes,
+                "grad_bytes": nbytes, "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
             })
         return records, max(0.0, exposed)
 

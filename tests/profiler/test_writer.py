@@ -1,0 +1,71 @@
+"""The record writer: shared fields, its own thread, nothing lost, failures raised."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from torsh_tune.profiler.writer import RecordWriter, SharedFields
+from torsh_tune.rundir import RunDir
+
+
+def _lines(run: RunDir, kind: str) -> list[dict]:
+    path = run.rank_file(0, kind)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_shared_fields_are_written_once_per_record_with_its_own_fields(tmp_path):
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=60)
+    shared = SharedFields({"rank": 0, "collective": "all_reduce", "group_ranks": [0, 1], "issuer": "user"})
+    writer.write("comm", {"_s": shared, "step": 3, "seq": 7, "t_issue": 12.5, "duration_s": 1e-6})
+    writer.write("comm", {"_s": shared})
+    writer.write("steps", {"rank": 0, "step": 3})
+    writer.close()
+    assert _lines(run, "comm") == [
+        {"rank": 0, "collective": "all_reduce", "group_ranks": [0, 1], "issuer": "user", "step": 3, "seq": 7,
+         "t_issue": 12.5, "duration_s": 1e-6},
+        {"rank": 0, "collective": "all_reduce", "group_ranks": [0, 1], "issuer": "user"},
+    ]
+    assert _lines(run, "steps") == [{"rank": 0, "step": 3}]
+    assert shared["issuer"] == "user"  # readers in the process see the fields as a dict
+
+
+def test_the_writer_thread_writes_within_the_interval_and_loses_nothing_written_meanwhile(tmp_path):
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=0.05)
+    stop = threading.Event()
+    written = []
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set() and i < 200_000:
+            writer.write("steps", {"rank": 0, "step": i})
+            written.append(i)
+            i += 1
+            if i % 100 == 0:
+                time.sleep(0.001)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    deadline = time.monotonic() + 10
+    path = run.rank_file(0, "steps")
+    while not (path.exists() and path.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.exists() and path.stat().st_size, "nothing written by the writer's thread within 10 s"
+    time.sleep(0.2)  # several flushes while the producer appends
+    stop.set()
+    producer.join()
+    writer.close()
+    assert [r["step"] for r in _lines(run, "steps")] == written
+
+
+def test_a_failed_write_is_raised_by_close(tmp_path):
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=60)
+    writer.write("steps", {"rank": 0, "bad": object()})  # not JSON: the flush fails
+    with pytest.raises(OSError, match="could not all be written"):
+        writer.close()
