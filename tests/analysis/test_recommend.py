@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,15 +17,12 @@ from torsh_tune.analysis import (
     diagnose,
     recommend,
 )
-from torsh_tune.analysis._resources import WORKERS_HELP_MIN_PCT, size_workers
+from torsh_tune.analysis._workers import WORKERS_HELP_MIN_PCT, size_workers
 from torsh_tune.config import RunConfig
 from torsh_tune.fabric import AlphaBeta, CommModel, save_model
 
 from .conftest import DATA, SCENARIOS, rewrite_jsonl
 from .test_bottlenecks import _bd, _comm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import run_cli  # noqa: E402
 
 MiB = 1 << 20
 
@@ -121,12 +118,14 @@ def test_io_recommendation_states_its_arithmetic(run_copy):
     a = analyze_run(DATA / "data_bound")
     io = next(b for b in a.bottlenecks if b.category == "io")
     rec = _io_rec(DATA / "data_bound")
-    # 8 cores, host 40-41 % busy, 2 ranks: 2.4 idle cores each; C = step - wait >= the CPU bound.
+    # 8 cores, host 40-41 % busy, 2 ranks: 2.36 idle cores each; C = step - wait >= the CPU bound.
     sizing = choose_num_workers(io, cpu_count=8, ranks_per_node=2)
     c = io.evidence["step_s"] - io.evidence["data_s"]
     assert sizing.workers == math.ceil(io.evidence["data_s"] / c) == 1
     assert rec.config_patch == {"dataloader": {"num_workers": 1, "persistent_workers": True}}
-    assert rec.expected_gain.basis.startswith("idle cores per rank = 8 cores x ")
+    # A run recorded before the sampler kept each rank's idle cores: run.json's 8 cores / 2 ranks stand in.
+    assert io.evidence["idle_cores_basis"].startswith("idle cores per rank = 4 host cores per rank (run.json ")
+    assert rec.expected_gain.basis.startswith(io.evidence["idle_cores_basis"] + "; ")
     assert rec.expected_gain.high_pct == pytest.approx(100 * io.evidence["data_s"] / io.evidence["step_s"], abs=0.01)
 
     # The same run on a saturated 2-core host: the recommendation says why workers cannot help.
@@ -154,30 +153,59 @@ def test_io_finding_says_so_when_given_the_cores_per_rank():
     assert "will not help" not in io.message and "30 % busy" in io.message
 
 
+def test_a_run_restricted_to_some_cores_of_a_larger_host_counts_only_those(run_copy):
+    """Two ranks restricted (taskset, cpuset) to 2 cores of a 32-core host keep both busy: the host
+    is 41 % busy, so its idle share says 9.4 idle cores per rank; the ranks' own 2 cores have 0.02."""
+    run = run_copy("data_bound")
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "cpu_count": 32}))
+    host_wide = _io_rec(run)  # the records were written before the sampler kept each rank's idle cores
+    assert host_wide.config_patch["dataloader"]["num_workers"] == 1
+    assert host_wide.expected_gain.basis.startswith("idle cores per rank = 16 host cores per rank")
+    for p in (run / "ranks").glob("*.system.jsonl"):
+        rewrite_jsonl(p, lambda row: {**row, "cpu_cores": 2, "idle_cores": 0.04})
+    a = analyze_run(run)
+    assert (a.system.cpu_cores, a.system.idle_cores_mean, a.system.idle_cores_per_rank) == (2, 0.04, 0.02)
+    io = next(b for b in a.bottlenecks if b.category == "io")
+    assert io.evidence["idle_cores_per_rank"] == 0.02 and "more DataLoader workers will not help" in io.message
+    rec = next(r for r in a.recommendations if r.category == "io")
+    assert "will not help" in rec.title and rec.config_patch == {} and "0.02 idle cores per rank" in rec.rationale
+    assert rec.expected_gain.basis.startswith(
+        "idle cores per rank = 0.04 idle of the 2 cores that rank(s) 0, 1 on node0 may run on (their affinity mask, "
+        "measured) / 2 ranks sharing them = 0.02; ")
+
+
 @pytest.fixture(scope="module")
 def saturated_run(tmp_path_factory):
-    """A real 2-rank gloo profile of a CPU-heavy collate that keeps the host's cores busy."""
+    """A real 2-rank gloo profile of a CPU-heavy collate, the whole job restricted to one core of the
+    host (as taskset or a cpuset would): the ranks saturate that core whatever the host's others do."""
     root = tmp_path_factory.mktemp("saturated")
     (root / "profiler.toml").write_text("[profiler]\nsystem_interval_s = 0.2\n")
-    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", "6", "--warmup-steps", "1",
-                   "--config", str(root / "profiler.toml"), "--runs-dir", str(root), "--run-name", "cpu",
-                   str(DATA / "scripts" / "cpu_collate.py"))
+    core = min(os.sched_getaffinity(0))
+    cmd = [sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", "2", "--steps", "6",
+           "--warmup-steps", "1", "--config", str(root / "profiler.toml"), "--runs-dir", str(root),
+           "--run-name", "cpu", str(DATA / "scripts" / "cpu_collate.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {core}))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return root / "cpu", proc.stdout
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) > 4, reason="the collate keeps at most a 4-core host saturated")
 def test_a_cpu_heavy_collate_on_busy_cores_is_told_workers_will_not_help(saturated_run):
     run, stdout = saturated_run
     a = analyze_run(run)
+    # The sampler recorded the one core the ranks may run on, and how little of it was idle.
+    assert a.system.cpu_cores == 1 and a.system.idle_cores_per_rank < 0.1
     io = next(b for b in a.bottlenecks if b.category == "io")
-    assert io.evidence["host_cpu_busy_pct"] > 85.0  # both ranks multiply matrices on every core
+    assert io.evidence["idle_cores_per_rank"] == a.system.idle_cores_per_rank
+    assert "more DataLoader workers will not help" in io.message
     rec = next(r for r in a.recommendations if r.category == "io")
     assert "will not help" in rec.title and rec.config_patch == {}
-    assert "idle cores per rank = " in rec.expected_gain.basis and "whatever the workers" in rec.expected_gain.basis
+    assert rec.expected_gain.basis.startswith("idle cores per rank = ") and "of the 1 cores that rank(s) 0, 1 on " in \
+        rec.expected_gain.basis and "whatever the workers" in rec.expected_gain.basis
     assert "More DataLoader workers will not help" in stdout  # what the user reads after the run
     system = (run / "ranks" / "rank00000.system.jsonl").read_text().splitlines()
-    assert all({"cpu_cores", "idle_cores"} <= set(json.loads(line)) for line in system)
+    assert all(json.loads(line)["cpu_cores"] == 1 and "idle_cores" in json.loads(line) for line in system)
 
 
 def test_straggler_gain_is_bounded_by_its_lateness():

@@ -57,3 +57,29 @@ def test_data_wait_share_per_rank():
     by_rank = data_wait_by_rank(frames.steps[~frames.steps["warmup"]])
     assert set(by_rank) == {0, 1}
     assert all(28 < v < 34 for v in by_rank.values())  # 45 ms of ~145 ms
+
+
+def test_idle_cores_are_shared_by_a_hosts_ranks_and_the_tightest_host_counts():
+    # Host a: ranks 0, 1 restricted to 2 of its cores (taskset), 0.4 and 0.6 of them idle as each
+    # saw it: one pool of 0.5, a quarter core each. Host b: ranks 2, 3 on all 8, 4 idle: 2 each.
+    system = _system([dict(rank=0, cpu_cores=2, idle_cores=0.4), dict(rank=1, cpu_cores=2, idle_cores=0.6),
+                      dict(rank=2, cpu_cores=8, idle_cores=3.0), dict(rank=3, cpu_cores=8, idle_cores=5.0)])
+    meta = {0: {"hostname": "a"}, 1: {"hostname": "a"}, 2: {"hostname": "b"}, 3: {"hostname": "b"}}
+    sy = system_stats(system, meta=meta)
+    assert (sy.cpu_cores, sy.idle_cores_mean, sy.idle_cores_per_rank) == (2, 0.5, 0.25)
+    assert sy.idle_cores_basis == ("idle cores per rank = 0.50 idle of the 2 cores that rank(s) 0, 1 on a may run on "
+                                   "(their affinity mask, measured) / 2 ranks sharing them = 0.25 "
+                                   "(the fewest of 2 hosts or core sets)")
+    # Masks of different sizes on one host are not one mask: each rank keeps its own idle cores.
+    apart = system_stats(system, meta={r: {"hostname": "a"} for r in range(4)})
+    assert (apart.cpu_cores, apart.idle_cores_per_rank) == (2, 0.25)
+    assert system_stats(system.assign(cpu_cores=[1, 2, 8, 8]), meta=meta).idle_cores_per_rank == 0.4
+
+
+def test_runs_recorded_before_the_sampler_kept_idle_cores_have_none():
+    sy = system_stats(_system([dict(rank=0), dict(rank=1)]))
+    assert sy.cpu_pct_mean == 50.0 and sy.sys_cpu_pct_mean == 20.0
+    assert (sy.cpu_cores, sy.idle_cores_mean, sy.idle_cores_per_rank, sy.idle_cores_basis) == (None,) * 4
+    no_columns = _system([dict(rank=0)]).drop(columns=["cpu_cores", "idle_cores"])
+    assert system_stats(no_columns).idle_cores_per_rank is None
+    assert load_run(DATA / "data_bound").system["idle_cores"].isna().all()  # the recorded fixture is such a run

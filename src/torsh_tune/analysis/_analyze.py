@@ -16,7 +16,7 @@ from ._comm import comm_stats
 from ._load import load_run
 from ._recommend import recommend
 from ._resources import data_wait_by_rank, memory_stats, system_stats
-from ._runinfo import is_done, run_status
+from ._runinfo import cpu_count, is_done, nproc_per_node, run_status
 from ._selfcheck import run_self_checks
 from ._steps import breakdown, measured, step_stats
 from ._stragglers import straggler_stats
@@ -69,7 +69,8 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     sg = guarded("straggler analysis",
                  lambda: straggler_stats(steps, comm, median_step_s=st.median_step_s if st else None), None)
     mem = guarded("memory analysis", lambda: memory_stats(frames.steps, frames.system, frames.meta), None)
-    sysst = guarded("system analysis", lambda: system_stats(frames.system, frames.steps, warnings=warnings), None)
+    sysst = guarded("system analysis", lambda: system_stats(frames.system, frames.steps, meta=frames.meta,
+                                                            warnings=warnings), None)
     waits = guarded("data-wait analysis", lambda: data_wait_by_rank(steps), {})
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
@@ -81,6 +82,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         pipeline=pipeline, world_size=frames.world_size, thresholds=th,
         reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
         reference_busbw_at=_bench_busbw_at(frames.info, warnings),
+        host_cores_per_rank=_host_cores_per_rank(frames.info, frames.config, frames.world_size),
     ), ()) if bd is not None else ()
     recs = guarded("recommendations", lambda: recommend(
         bottlenecks, info=frames.info, config=frames.config, meta=frames.meta, world_size=frames.world_size,
@@ -116,6 +118,13 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         alerts=alerts,
         self_check=self_checks,
     )
+
+
+def _host_cores_per_rank(info: dict[str, Any], config: dict[str, Any], world_size: int) -> float | None:
+    """run.json cpu_count / the ranks per node: what `diagnose` counts idle cores from when the sampler
+    did not record the ranks' own (runs before it did)."""
+    cores = cpu_count(info)
+    return cores / nproc_per_node(info, config, world_size) if cores else None
 
 
 def _partial(status: str, exits: dict[int, dict[str, Any]], world_size: int, warnings: list[str]) -> bool:

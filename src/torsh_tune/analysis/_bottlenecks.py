@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..config import ThresholdsConfig
-from ._resources import size_workers
+from ._workers import host_idle_cores_per_rank, size_workers
 from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
 
 __all__ = ["diagnose"]
@@ -71,8 +71,10 @@ def diagnose(
             is compared with what the fabric does at its own message size. Without it,
             collectives under `LATENCY_BOUND_BYTES` on average get no `network` finding.
         host_cores_per_rank: the host's cores divided by its ranks (run.json cpu_count /
-            nproc_per_node). With it and the system sampler's CPU, the `io` finding says when
-            the cores leave more DataLoader workers nothing to gain (`size_workers`).
+            nproc_per_node): with the host's busy %, the idle cores per rank of a run whose
+            sampler did not record its own (`system.idle_cores_per_rank`, affinity-aware, is
+            preferred). With idle cores known, the `io` finding says when the cores leave more
+            DataLoader workers nothing to gain (`size_workers`).
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -268,21 +270,40 @@ def _io(breakdown: Breakdown | None, by_rank: dict[int, float], th: ThresholdsCo
         "data_s": breakdown.phases_s.get("data", 0.0),
     }
     message = f"{data:.1f} % of the step waits for the DataLoader"
-    if system is not None and system.cpu_pct_mean is not None and system.sys_cpu_pct_mean is not None:
-        evidence["rank_cpu_pct"] = round(system.cpu_pct_mean, 1)  # a rank's processes, % of one core
+    if system is None or system.cpu_pct_mean is None:
+        return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
+    evidence["rank_cpu_pct"] = round(system.cpu_pct_mean, 1)  # a rank's processes, % of one core
+    seen = [f"each rank's processes keep {system.cpu_pct_mean / 100:.2f} cores busy"]
+    if system.sys_cpu_pct_mean is not None:
         evidence["host_cpu_busy_pct"] = round(system.sys_cpu_pct_mean, 1)
-        message += (f" (each rank's processes keep {system.cpu_pct_mean / 100:.2f} cores busy; "
-                    f"the host's CPUs are {system.sys_cpu_pct_mean:.0f} % busy)")
-        if host_cores_per_rank:
-            idle = host_cores_per_rank * (1.0 - system.sys_cpu_pct_mean / 100.0)
-            sizing = size_workers(step_s=evidence["step_s"], data_s=evidence["data_s"],
-                                  rank_cpu_cores=system.cpu_pct_mean / 100.0, idle_cores_per_rank=idle)
-            evidence["idle_cores_per_rank"] = round(idle, 2)
-            if sizing.saturated:
-                message += (f": more DataLoader workers will not help, the cores are saturated "
-                            f"({sizing.arithmetic}); a cheaper collate or augmentation, preprocessing offline, "
-                            "or more cores per rank would")
+        seen.append(f"the host's CPUs are {system.sys_cpu_pct_mean:.0f} % busy")
+    idle, basis = _idle_cores_per_rank(system, host_cores_per_rank)
+    if idle is not None:
+        idle = round(idle, 3)  # what `recommend` reads back from the evidence
+        evidence["idle_cores_per_rank"] = idle
+        evidence["idle_cores_basis"] = basis
+        seen.append(f"{idle:.2f} idle cores per rank")
+    message += f" ({'; '.join(seen)})"
+    if idle is not None:
+        sizing = size_workers(step_s=evidence["step_s"], data_s=evidence["data_s"],
+                              rank_cpu_cores=system.cpu_pct_mean / 100.0, idle_cores_per_rank=idle)
+        if sizing.saturated:
+            message += (f": more DataLoader workers will not help, the cores are saturated "
+                        f"({basis}; {sizing.arithmetic}); a cheaper collate or augmentation, preprocessing offline, "
+                        "or more cores per rank would")
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
+
+
+def _idle_cores_per_rank(system: SystemStats, host_cores_per_rank: float | None) -> tuple[float | None, str | None]:
+    """The idle cores a rank can draw on, and how they were counted: the sampler's, over the cores the
+    ranks may run on (`SystemStats.idle_cores_per_rank`), else the whole host's idle share of its
+    cores per rank (runs recorded before the sampler kept them), else unknown."""
+    if system.idle_cores_per_rank is not None:
+        return system.idle_cores_per_rank, system.idle_cores_basis
+    if host_cores_per_rank and system.sys_cpu_pct_mean is not None:
+        return host_idle_cores_per_rank(host_cores_per_rank=host_cores_per_rank,
+                                        host_busy_pct=system.sys_cpu_pct_mean)
+    return None, None
 
 
 def _memory(memory: MemoryStats | None, th: ThresholdsConfig) -> list[tuple[Bottleneck, float]]:

@@ -22,13 +22,14 @@ Quantities are sized from the run, and the arithmetic is in the gain's `basis`:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
 
 from ..fabric import bus_factor, load_model
 from ._bottlenecks import LATENCY_BOUND_BYTES, theoretical_bubble_pct
-from ._resources import WorkerSizing, size_workers
+from ._workers import WorkerSizing, host_idle_cores_per_rank, size_workers
 from ._runinfo import cpu_count, dig, nproc_per_node
 from ._types import SEVERITIES, Bottleneck, GainRange, Recommendation
 
@@ -90,8 +91,10 @@ def choose_num_workers(io: Bottleneck, *, cpu_count: int | None, ranks_per_node:
                        current: int = 0) -> WorkerSizing:
     """DataLoader workers per rank for an `io` finding, sized from its measured step, data wait and CPU.
 
-    The host's idle cores per rank are cpu_count x (100 - host CPU busy %) / ranks per node;
-    `size_workers` has the arithmetic.
+    The idle cores per rank are the finding's (`idle_cores_per_rank`: the sampler's, over the
+    cores the ranks may run on); a finding without them (a run recorded before the sampler
+    kept them, or `diagnose` called without `host_cores_per_rank`) falls back to
+    cpu_count / ranks per node x the host's idle share. `size_workers` has the arithmetic.
 
     Example:
         >>> io = diagnose(breakdown=analysis.breakdown, system=analysis.system)[0]  # doctest: +SKIP
@@ -100,16 +103,15 @@ def choose_num_workers(io: Bottleneck, *, cpu_count: int | None, ranks_per_node:
     """
     ev = io.evidence
     rank_pct, busy_pct = ev.get("rank_cpu_pct"), ev.get("host_cpu_busy_pct")
-    idle = None
-    if cpu_count and busy_pct is not None:
-        idle = cpu_count * (1.0 - float(busy_pct) / 100.0) / max(ranks_per_node, 1)
+    idle, where = ev.get("idle_cores_per_rank"), ev.get("idle_cores_basis")
+    if idle is None and cpu_count and busy_pct is not None:
+        idle, where = host_idle_cores_per_rank(host_cores_per_rank=cpu_count / max(ranks_per_node, 1),
+                                               host_busy_pct=float(busy_pct))
     sizing = size_workers(step_s=float(ev["step_s"]), data_s=float(ev["data_s"]), current=current,
                           rank_cpu_cores=None if rank_pct is None else float(rank_pct) / 100.0,
-                          idle_cores_per_rank=idle)
-    if idle is not None:
-        where = (f"idle cores per rank = {cpu_count} cores x {100.0 - float(busy_pct):.0f} % idle / "
-                 f"{ranks_per_node} ranks = {idle:.2f}")
-        return WorkerSizing(**{**sizing.__dict__, "arithmetic": f"{where}; {sizing.arithmetic}"})
+                          idle_cores_per_rank=None if idle is None else float(idle))
+    if where:
+        return dataclasses.replace(sizing, arithmetic=f"{where}; {sizing.arithmetic}")
     return sizing
 
 
@@ -162,7 +164,7 @@ def _io(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
             "io",
             "More DataLoader workers will not help: the CPU cores are saturated; make each batch cheaper to load",
             f"ranks wait {d:.1f} % of each step for the next batch, and the cores a worker would need are busy "
-            f"(host CPUs {b.evidence.get('host_cpu_busy_pct')} % busy): workers could save at most "
+            f"({_idle_text(b.evidence)}): workers could save at most "
             f"{sizing.high_pct:.1f} % of the step. What would help: a cheaper collate_fn or augmentation (vectorised over the batch, or moved to the "
             "GPU), preprocessing offline (store decoded, augmented tensors), or more cores per rank (fewer ranks "
             "per host, a larger CPU allocation)",
@@ -183,6 +185,13 @@ def _io(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         _gain(sizing.low_pct, sizing.high_pct, sizing.arithmetic),
         "low",
     )]
+
+
+def _idle_text(ev: dict[str, Any]) -> str:
+    idle, busy = ev.get("idle_cores_per_rank"), ev.get("host_cpu_busy_pct")
+    parts = ([f"{float(idle):.2f} idle cores per rank"] if idle is not None else []) + (
+        [f"host CPUs {busy} % busy"] if busy is not None else [])
+    return ", ".join(parts) or "CPU use unknown"
 
 
 def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:

@@ -1,128 +1,16 @@
-"""Resources: data-loading wait and the DataLoader workers it calls for, memory against capacity,
-CPU and GPU utilisation."""
+"""Resources: data-loading wait, memory against capacity, CPU (and the cores left idle) and GPU
+utilisation. The DataLoader workers these call for are sized in `_workers` (no pandas there)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from ._types import MemoryStats, SystemStats
 
-__all__ = ["GPU_UTIL_CAVEAT", "WorkerSizing", "data_wait_by_rank", "measured_windows", "memory_stats",
-           "size_workers", "system_stats"]
-
-#: Below this saving (% of the step) the host's cores leave DataLoader workers nothing to gain.
-WORKERS_HELP_MIN_PCT = 10.0
-_MAX_WORKERS = 8  # beyond this, workers rarely help one rank and cost memory
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerSizing:
-    """DataLoader workers per rank sized from one run's step, data wait and CPU (`size_workers`).
-
-    Attributes:
-        workers: num_workers per rank that loads a batch within the shortest step the cores allow.
-        current: num_workers the run used.
-        load_s: one worker's time to load one batch (L).
-        compute_s: the rest of the step (C: forward, backward, optimizer, communication).
-        cpu_bound_s: the shortest step the CPU allows (None when the CPU is unknown).
-        step_s: the measured step (T).
-        low_pct, high_pct: expected saving, % of the step.
-        saturated: the cores allow less than `WORKERS_HELP_MIN_PCT` % of the step to be saved:
-            more workers will not help.
-        arithmetic: the derivation with this run's numbers, for the evidence.
-    """
-
-    workers: int
-    current: int
-    load_s: float
-    compute_s: float
-    cpu_bound_s: float | None
-    step_s: float
-    low_pct: float
-    high_pct: float
-    saturated: bool
-    arithmetic: str
-
-
-def size_workers(*, step_s: float, data_s: float, current: int = 0, rank_cpu_cores: float | None = None,
-                 idle_cores_per_rank: float | None = None) -> WorkerSizing:
-    """How many DataLoader workers per rank hide this run's data wait, and what the cores allow.
-
-    One batch takes a worker L to load: L = data wait when the rank loads it itself
-    (num_workers 0), else current x step (the workers are the bottleneck, each delivering one
-    batch per L). The rest of the step, C = step - data wait, is the least a step can take.
-    The rank's CPU work per step (its processes' cores x step) cannot run faster than on the
-    cores it uses plus its share of the idle ones, so the step is at least
-    T' = max(C, cores used x step / (cores used + idle cores)), and
-    workers = ceil(L / T'): enough that a batch is ready every T'. The saving is at most
-    (step - T') / step (high: the loading's sleeps, e.g. storage reads, overlap freely); at least
-    what remains when the loading is all CPU work that only the idle cores can take on (low).
-
-    Args:
-        step_s: median step time.
-        data_s: median data wait per step.
-        current: num_workers the run used.
-        rank_cpu_cores: mean CPU of one rank's processes (its workers included), in cores.
-        idle_cores_per_rank: the host's idle cores divided among its ranks.
-
-    Returns:
-        The sizing; without CPU numbers the CPU bound is left out (and said so).
-
-    Example:
-        >>> s = size_workers(step_s=0.060, data_s=0.050, rank_cpu_cores=0.5, idle_cores_per_rank=0.5)
-        >>> s.workers, round(s.cpu_bound_s, 3), round(s.high_pct, 1), s.saturated
-        (2, 0.03, 50.0, False)
-        >>> size_workers(step_s=0.060, data_s=0.050, rank_cpu_cores=1.0, idle_cores_per_rank=0.02).saturated
-        True
-    """
-    data_s = min(max(data_s, 0.0), step_s)
-    compute_s = step_s - data_s
-    load_s = data_s if current == 0 else current * step_s
-    who = "the data wait: the rank loads it itself" if current == 0 else f"{current} workers x the step"
-    lines = [f"per step {_ms(step_s)}: data wait {_ms(data_s)}, the rest C = {_ms(compute_s)}; "
-             f"one batch takes a worker L = {_ms(load_s)} ({who})"]
-    cpu_bound_s = None
-    if rank_cpu_cores is not None and idle_cores_per_rank is not None and rank_cpu_cores > 0:
-        idle = max(idle_cores_per_rank, 0.0)
-        cpu_bound_s = step_s * rank_cpu_cores / (rank_cpu_cores + idle)
-        lines.append(f"each rank's processes keep {rank_cpu_cores:.2f} cores busy and {idle:.2f} idle cores are "
-                     f"its share, so its CPU work per step ({rank_cpu_cores:.2f} x {_ms(step_s)}) needs at least "
-                     f"{_ms(cpu_bound_s)} on {rank_cpu_cores + idle:.2f} cores")
-    else:
-        lines.append("the ranks' CPU use or the host's idle cores are unknown: no CPU bound")
-    shortest = max(compute_s, cpu_bound_s or 0.0)
-    high = 100.0 * (step_s - shortest) / step_s if step_s > 0 else 0.0
-    high = min(max(high, 0.0), 100.0 * data_s / step_s if step_s > 0 else 0.0)
-    saturated = cpu_bound_s is not None and high < WORKERS_HELP_MIN_PCT
-    workers = current if saturated else max(current + 1, min(_MAX_WORKERS, math.ceil(load_s / shortest - 1e-9)))
-    if saturated:
-        lines.append(f"step >= max(C, CPU bound) = {_ms(shortest)}: the cores leave "
-                     f"{high:.1f} % of the step to save (< {WORKERS_HELP_MIN_PCT:g} %), whatever the workers")
-    else:
-        lines.append(f"step >= T' = max(C, CPU bound) = {_ms(shortest)}; workers = ceil(L / T') = "
-                     f"ceil({load_s / shortest:.2f}) = {workers}" + (f" (at most {_MAX_WORKERS})"
-                                                                     if workers == _MAX_WORKERS else ""))
-    if cpu_bound_s is not None and not saturated:
-        loaders = min(float(workers), current + max(idle_cores_per_rank or 0.0, 0.0))
-        worst = max(shortest, compute_s, load_s / loaders) if loaders > 0 else step_s
-        low = min(max(100.0 * (step_s - worst) / step_s, 0.0), high)
-        lines.append(f"saving <= (T - T') / T = {high:.1f} %; >= {low:.1f} % if loading is all CPU work on "
-                     f"{loaders:.2f} cores (step {_ms(min(worst, step_s))})")
-    else:
-        low = 0.0
-        if not saturated:
-            lines.append(f"saving <= (T - T') / T = {high:.1f} %")
-    return WorkerSizing(workers=workers, current=current, load_s=load_s, compute_s=compute_s,
-                        cpu_bound_s=cpu_bound_s, step_s=step_s, low_pct=round(low, 2), high_pct=round(high, 2),
-                        saturated=saturated, arithmetic="; ".join(lines))
-
-
-def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.3g} ms"
+__all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "data_wait_by_rank", "idle_cores", "measured_windows", "memory_stats",
+           "system_stats"]
 
 
 def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
@@ -195,6 +83,7 @@ def system_stats(
     system: pd.DataFrame,
     steps: pd.DataFrame | None = None,
     *,
+    meta: dict[int, dict[str, Any]] | None = None,
     warnings: list[str] | None = None,
 ) -> SystemStats | None:
     """Means of the system sampler's records inside the measured window.
@@ -210,6 +99,7 @@ def system_stats(
         system: system records.
         steps: all step records (warm-up included, `warmup` marks them); None or empty
             means no window is known and every sample counts.
+        meta: rank -> meta.json (`hostname`: which ranks share a host's cores, see `idle_cores`).
         warnings: where to say when the window could not be used (appended to).
 
     Returns:
@@ -236,12 +126,76 @@ def system_stats(
         v = pd.to_numeric(inside[col], errors="coerce").dropna()
         return float(v.mean()) if len(v) else None
 
+    idle = idle_cores(inside, meta or {})
     return SystemStats(
         cpu_pct_mean=mean("cpu_pct"),
         sys_cpu_pct_mean=mean("sys_cpu_pct"),
         gpu_util_pct_mean=mean("gpu_util_pct"),
         gpu_power_w_mean=mean("gpu_power_w"),
+        cpu_cores=idle.cores if idle else None,
+        idle_cores_mean=idle.idle if idle else None,
+        idle_cores_per_rank=idle.per_rank if idle else None,
+        idle_cores_basis=idle.basis if idle else None,
     )
+
+
+class IdleCores(NamedTuple):
+    """The idle cores of the tightest group of ranks sharing one affinity mask (`idle_cores`)."""
+
+    cores: int  # cores in the mask
+    idle: float  # of those, idle on average
+    per_rank: float  # idle / ranks sharing the mask
+    basis: str
+
+
+def idle_cores(system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> IdleCores | None:
+    """The idle cores each rank can draw on, from the sampler's `cpu_cores` and `idle_cores`.
+
+    Each sample says how many cores the rank's affinity mask holds and how many of them were
+    idle since the previous sample. torsh-tune's torchrun binds no rank to cores, so the ranks
+    of one host inherit one mask (the launcher's: every core, or those of a `taskset`, a cgroup
+    cpuset or a Slurm allocation) and share its idle cores: each rank's share is the mask's
+    mean idle cores divided by the ranks of that host (hostname from meta.json) with a mask of
+    that size; masks of different sizes cannot be one mask, so each size is a group of its own.
+    Every rank gets the same `num_workers` and the slowest rank sets the step, so the group
+    with the fewest idle cores per rank counts.
+
+    Args:
+        system: system records (those of the measured window).
+        meta: rank -> meta.json.
+
+    Returns:
+        IdleCores, or None when no sample recorded them (runs before the sampler did).
+
+    Example:
+        >>> import pandas as pd
+        >>> system = pd.DataFrame({"rank": [0, 0, 1], "cpu_cores": [4, 4, 4], "idle_cores": [1.0, 2.0, 1.5]})
+        >>> idle_cores(system, {0: {"hostname": "a"}, 1: {"hostname": "a"}}).per_rank
+        0.75
+    """
+    if system.empty or not {"cpu_cores", "idle_cores"} <= set(system.columns):
+        return None
+    df = pd.DataFrame({"rank": system["rank"],
+                       "cores": pd.to_numeric(system["cpu_cores"], errors="coerce"),
+                       "idle": pd.to_numeric(system["idle_cores"], errors="coerce")}).dropna()
+    df = df[df["cores"] > 0]
+    if df.empty:
+        return None
+    per_rank = df.groupby("rank").agg(cores=("cores", "median"), idle=("idle", "mean"))
+    groups: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for rank, row in per_rank.iterrows():
+        host = str(meta.get(int(rank), {}).get("hostname", "localhost"))
+        groups.setdefault((host, int(round(row["cores"]))), []).append((int(rank), float(row["idle"])))
+    shares = {key: sum(idle for _, idle in ranks) / len(ranks) ** 2 for key, ranks in groups.items()}
+    (host, cores), share = min(shares.items(), key=lambda item: item[1])
+    ranks = groups[(host, cores)]
+    idle = sum(v for _, v in ranks) / len(ranks)
+    basis = (f"idle cores per rank = {idle:.2f} idle of the {cores} cores that rank(s) "
+             f"{', '.join(str(r) for r, _ in ranks)} on {host} may run on (their affinity mask, measured) / "
+             f"{len(ranks)} rank{'s' if len(ranks) > 1 else ''} sharing them = {share:.2f}")
+    if len(groups) > 1:
+        basis += f" (the fewest of {len(groups)} hosts or core sets)"
+    return IdleCores(cores=cores, idle=round(idle, 3), per_rank=round(share, 3), basis=basis)
 
 
 def measured_windows(steps: pd.DataFrame | None) -> tuple[dict[int, tuple[float, float]], bool]:

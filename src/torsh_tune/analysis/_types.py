@@ -158,12 +158,22 @@ class MemoryStats:
 
 @dataclass(frozen=True, kw_only=True)
 class SystemStats:
-    """Means of the system sampler's records over the run."""
+    """Means of the system sampler's records over the run.
+
+    The `idle_cores*` fields come from the sampler's per-sample `cpu_cores` (the rank's affinity
+    mask) and `idle_cores` (how many of those were idle), so a run restricted to some cores of a
+    larger host counts only its own (`_resources.idle_cores`). They are None for runs recorded
+    before the sampler kept them; there run.json `cpu_count` and `sys_cpu_pct_mean` stand in.
+    """
 
     cpu_pct_mean: float | None  # per process, % of one core
     sys_cpu_pct_mean: float | None  # whole machine, % of all cores
     gpu_util_pct_mean: float | None
     gpu_power_w_mean: float | None
+    cpu_cores: int | None = None  # cores the ranks may run on (one affinity mask; the tightest host's)
+    idle_cores_mean: float | None = None  # how many of those were idle, mean over the measured window
+    idle_cores_per_rank: float | None = None  # idle_cores_mean / the ranks sharing those cores
+    idle_cores_basis: str | None = None  # that derivation with this run's numbers
 
 
 @dataclass(frozen=True, kw_only=True)
