@@ -769,7 +769,7 @@ class _StudyProgress:
         obj = f"{t.samples_s:,.1f} {self.unit}" if t.samples_s else (t.failure_reason or "")
         top = f"best {self.best:,.1f}" if self.best else ""
         params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(t.params.items()))
-        role = f" ({t.role})" if t.role in ("advisor", "initial", "model") else ""
+        role = f" ({t.role})" if t.role in ("advisor", "initial", "model", "recommendation") else ""
         done = f"({self.trials_done}/{self.n_trials})"
         self._emit((f"trial {t.number} {done}", state, obj, f"{self.best:,.1f}" if self.best else "", params + role),
                    f"  trial {t.number:>3} {done:<9} {state:<8} {obj:<28} {top:<18} ETA {self.eta():<7} "
