@@ -16,10 +16,11 @@ script's own (torchrun's convention). User mistakes print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from . import __version__
 from .config import (
@@ -67,6 +68,16 @@ _POSITIVE_FLOAT = _number(float, "a number > 0", lambda v: v > 0)
 _PORT = _number(int, "a TCP port 1-65535", lambda v: 1 <= v <= 65535)
 
 
+def _runs_dir(text: str) -> str:
+    """An argparse `type` for --runs-dir: a directory, or a path where one can be made (no file on the way)."""
+    path = Path(text)
+    on_the_way = next((p for p in (path, *path.parents) if p.exists()), None)
+    if on_the_way is not None and not on_the_way.is_dir():
+        raise argparse.ArgumentTypeError(f"must be a directory (or a path where one can be made), but got {text!r}"
+                                         + (f" ({on_the_way} is a file)" if on_the_way != path else ""))
+    return text
+
+
 _EMULATE_HELP = ("Run on an emulated multi-node cluster on this host (root, iproute2): SPEC is "
                  "nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE], e.g. nodes=2,procs_per_node=2,link=1gbit. "
                  "Nodes are network namespaces joined by veth links shaped with tc tbf; torn down on exit (docs/emulate.md).")
@@ -107,7 +118,7 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     t.add_argument("--trace-stack", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_stack"))
     t.add_argument("--trace-memory", action="store_const", const=True, help=help_of(ProfilerConfig, "trace_memory"))
     r.add_argument("--config", metavar="FILE", help="TOML or JSON RunConfig; flags override it.")
-    r.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
+    r.add_argument("--runs-dir", type=_runs_dir, default="torsh-runs", help="Directory that receives a new run directory (default ./torsh-runs).")
     r.add_argument("--run-name", help="Name of the new run directory (default: time-script-random); never reused.")
     r.add_argument("--quiet", action="store_true", help="Do not echo the script's output to the terminal.")
     r.add_argument("--reference-bench", metavar="BENCH_RUN",
@@ -209,11 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--iters", type=_POSITIVE_INT, default=20, help="Timed iterations per size (default 20).")
     ben.add_argument("--warmup", type=_NON_NEGATIVE_INT, default=5, help="Untimed iterations per size (default 5).")
     ben.add_argument("--timeout", type=_POSITIVE_FLOAT, default=600.0, metavar="SECONDS", help="Wall-clock limit (default 600).")
-    ben.add_argument("--runs-dir", default="torsh-runs", help="Directory that receives the bench's run directory.")
+    ben.add_argument("--runs-dir", type=_runs_dir, default="torsh-runs", help="Directory that receives the bench's run directory.")
     ben.add_argument("--run-name", help="Name of the new run directory; never reused.")
     ben.add_argument("--emulate", metavar="SPEC", help=_EMULATE_HELP)
     dash = sub.add_parser("dashboard", help="Serve the live Dash dashboard over a runs directory (read-only).")
-    dash.add_argument("--runs-dir", default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
+    dash.add_argument("--runs-dir", type=_runs_dir, default="torsh-runs", help="Directory of run directories (default ./torsh-runs).")
     dash.add_argument("--host", default="127.0.0.1", help="Bind address (default 127.0.0.1; any other needs --token).")
     dash.add_argument("--port", type=_PORT, default=8050, help="Port, 1-65535 (default 8050).")
     dash.add_argument("--token", help="Access token required on every request (or env TORSH_TUNE_DASH_TOKEN).")
@@ -453,6 +464,22 @@ def is_study_dir(path: str | Path) -> bool:
     return (p / "result.json").is_file() or ((p / "study.db").is_file() and not (p / "run.json").is_file())
 
 
+@contextlib.contextmanager
+def _removed_if_refused(study_dir: Path, *, keep: bool) -> Iterator[None]:
+    """A study the tuner refused before it began (bad objectives, pruner, sampler) leaves no empty directory."""
+    try:
+        yield
+    except ConfigError:
+        entries = [] if keep else list(study_dir.iterdir())
+        # only what new_run_dir made (empty ranks/, logs/, report/); a profile or a storage stays
+        if not keep and all(p.is_dir() and not any(p.iterdir()) for p in entries):
+            with contextlib.suppress(OSError):
+                for p in entries:
+                    p.rmdir()
+                study_dir.rmdir()
+        raise
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -559,7 +586,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     progress = _StudyProgress(console, n_trials=args.trials, baseline_runs=args.baseline_repeats,
                               confirm_runs=2 * args.confirm_top * args.confirm_pairs)
-    with progress:
+    with progress, _removed_if_refused(study_dir, keep=bool(args.resume)):
         result = tune(
             script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
             sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
@@ -827,8 +854,10 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise invalid("--min-bytes", f"<= --max-bytes ({args.max_bytes})", args.min_bytes)
     if args.factor < 2:
         raise invalid("--factor", "an integer >= 2", args.factor)
-    console = Console(highlight=False)
     cluster = getattr(args, "cluster", None)
+    if cluster is None:  # as profile: nccl without CUDA is refused before a run directory is made
+        _check_backend(RunConfig(launch=LaunchConfig(backend=args.backend)))
+    console = Console(highlight=False)
     if cluster is not None:
         console.print(f"emulated cluster: {cluster.spec.describe()}", markup=False)
     result = run_bench(
