@@ -15,11 +15,9 @@ from typing import Any
 from urllib.parse import parse_qs, quote
 
 from ..analysis import RunAnalysis
-from ..reports import build_report_info, fmt_bytes, fmt_s, fmt_value, gain_text, patch_to_toml
-from ..reports._format import fmt_loss_deviation, fmt_samples_s
-from ..reports._info import ALERT_COLUMNS, alert_cells
-from ..reports._tuning_markdown import _params_text, _varying
-from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES
+from ..reports import (ALERT_COLUMNS, alert_cells, build_report_info, fmt_bytes, fmt_loss_deviation, fmt_s,
+                       fmt_samples_s, fmt_value, gain_text, patch_to_toml)
+from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES, params_text, varying_params
 from ._security import RunNotFound, check_token, install_guard, not_found_response
 from ._store import RunRow, RunStore, status_class
 from ._traces import TRACE_TABLES, TraceView, TraceWindowNotFound, resolve_window
@@ -549,7 +547,7 @@ def _trials_table(info: Any) -> Any:
     _, html = _html()
     if not info.trials:
         return html.P("No trial has been recorded yet.", id="no-trials")
-    varying = _varying(info)
+    varying = varying_params(info)
     unit = str(info.study.get("unit") or "samples/s")
     head = html.Tr([html.Th(h) for h in ("trial", "state", "role", unit, "vs baseline", "loss deviation",
                                          "constraints", "peak memory", "parameters", "failure reason")])
@@ -566,7 +564,7 @@ def _trials_table(info: Any) -> Any:
             html.Td(fmt_loss_deviation(t.get("loss_deviation")), className="num"),
             html.Td(t.get("constraint_status") or "–", className="constraint"),
             html.Td(fmt_bytes(t["peak_mem_bytes"]) if t.get("peak_mem_bytes") is not None else "–", className="num"),
-            html.Td(_params_text(t.get("params") or {}, varying)),
+            html.Td(params_text(t.get("params") or {}, varying)),
             html.Td(t.get("failure_reason") or "", className="reason"),
         ]))
     return html.Table(className="trials", id="trials-table", children=[html.Thead(head), html.Tbody(body)])

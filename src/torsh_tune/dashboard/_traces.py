@@ -6,7 +6,7 @@
 validated (`resolve_window`: a plain name, a direct child of ``RUN/traces`` once symlinks
 are resolved), and turns `analysis.traces.analyze_traces` of one window into a `TraceView`:
 findings, per-rank tables and the timeline figure of a typical step
-(`reports._trace_figures`, shared with the self-contained ``analysis.html``).
+(`reports.figures`, shared with the self-contained ``analysis.html``).
 
 A window is analysed on request (tens of ms) and the view is cached in memory, keyed by
 the window path, the size and mtime of each of its trace files and of ``RUN/config.json``
@@ -232,7 +232,7 @@ def build_trace_view(window_path: Path, *, window: str, config: dict[str, Any] |
     tables["top_kernels"] = top
     figure, step = None, None
     if analysis.timelines:
-        from ..reports._trace_figures import get_trace_timeline_info, plot_trace_timeline
+        from ..reports.figures import get_trace_timeline_info, plot_trace_timeline
 
         try:
             info = get_trace_timeline_info(analysis, max_segments=TIMELINE_MAX_SEGMENTS)

@@ -17,8 +17,9 @@ Example:
 """
 
 from . import compare, figures
-from ._format import fmt_bytes, fmt_pct, fmt_s, fmt_value, gain_text, migration_cell
-from ._info import REPORT_SCHEMA_VERSION, ReportInfo, build_report_info
+from ._format import (fmt_bytes, fmt_loss_deviation, fmt_pct, fmt_s, fmt_samples_s, fmt_value, gain_text,
+                      migration_cell)
+from ._info import ALERT_COLUMNS, REPORT_SCHEMA_VERSION, ReportInfo, alert_cells, build_report_info
 from ._html import render_html, write_html
 from ._json import read_json, write_json
 from ._markdown import render_markdown, write_markdown
@@ -33,6 +34,7 @@ from ._write import REPORT_FORMATS, TUNING_REPORT_FORMATS, write_reports, write_
 from .compare import Comparison, compare_runs, compare_to_dict, regressed, render_compare_markdown, run_compare
 
 __all__ = [
+    "ALERT_COLUMNS",
     "IMPORTANCE_METHOD",
     "REPORT_FORMATS",
     "REPORT_SCHEMA_PATH",
@@ -45,14 +47,17 @@ __all__ = [
     "Comparison",
     "ReportInfo",
     "TuningInfo",
+    "alert_cells",
     "build_report_info",
     "compare",
     "compare_runs",
     "compare_to_dict",
     "figures",
     "fmt_bytes",
+    "fmt_loss_deviation",
     "fmt_pct",
     "fmt_s",
+    "fmt_samples_s",
     "fmt_value",
     "gain_text",
     "get_tuning_info",

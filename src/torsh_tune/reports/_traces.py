@@ -1,7 +1,7 @@
 """Render a deep-trace analysis (`analysis.traces.TraceAnalysis`) as JSON, Markdown and HTML.
 
 The HTML file is self-contained (plotly.js inline, no network) and shows the per-rank
-timeline of a typical step (`_trace_figures`).
+timeline of a typical step (`figures`).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def render_trace_markdown(analysis: Any) -> str:
 def render_trace_html(analysis: Any, *, max_segments: int = 1500) -> str:
     """One self-contained HTML page: headline, tables and the per-rank step timeline."""
     from ._html import _CSS, _bottlenecks, _e, _recommendations
-    from ._trace_figures import get_trace_timeline_info, plot_trace_timeline
+    from .figures import get_trace_timeline_info, plot_trace_timeline
 
     doc = trace_report_dict(analysis)
     s = doc["summary"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from torsh_tune.analysis.traces import IDLE_CAUSES, analyze_traces, load_traces
-from torsh_tune.reports._trace_figures import SEGMENT_KINDS, get_trace_timeline_info, plot_trace_timeline
+from torsh_tune.reports.figures import SEGMENT_KINDS, get_trace_timeline_info, plot_trace_timeline
 from torsh_tune.reports._traces import TRACE_REPORT_SCHEMA_VERSION, render_trace_markdown, write_trace_reports
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "traces"

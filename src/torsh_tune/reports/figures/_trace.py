@@ -1,8 +1,8 @@
-"""Per-rank timeline of one profiled step: compute, communication and idle (by cause).
+"""Figure of a run's Kineto traces: per-rank timeline of one profiled step (compute, communication, idle by cause).
 
-Data and drawing are split (optuna style): `get_trace_timeline_info` turns a
-`TraceAnalysis` into plain segments, downsampled to at most ``max_segments`` per rank;
-`plot_trace_timeline` draws them with plotly. Tests target the info.
+`get_trace_timeline_info` turns a `TraceAnalysis` into plain segments, downsampled to at
+most ``max_segments`` per rank; `plot_trace_timeline` draws them with plotly. Shown by
+``analysis.html`` and the dashboard's trace view.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..analysis.traces import IDLE_CAUSES
-from ..analysis.traces._intervals import paint
-from ..analysis.traces._timeline import COMMUNICATION, COMPUTATION, MEMORY
+from ...analysis.traces import IDLE_CAUSES
+from ...analysis.traces._intervals import paint
+from ...analysis.traces._timeline import COMMUNICATION, COMPUTATION, MEMORY
 
 __all__ = ["SEGMENT_KINDS", "TraceTimelineInfo", "get_trace_timeline_info", "plot_trace_timeline"]
 
@@ -48,7 +48,7 @@ def _pick_step(steps: pd.DataFrame) -> int | None:
     return int(worst.index[(len(worst) - 1) // 2])
 
 
-def _downsample(a: np.ndarray, b: np.ndarray, label: np.ndarray, lo: float, hi: float, bins: int
+def _downsample_segments(a: np.ndarray, b: np.ndarray, label: np.ndarray, lo: float, hi: float, bins: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """At most `bins` pieces: [lo, hi] in equal bins, each given the label covering most of it."""
     edges = np.linspace(lo, hi, bins + 1)
@@ -110,7 +110,7 @@ def get_trace_timeline_info(analysis: Any, *, step: int | None = None, max_segme
         a, b, label = a[keep], b[keep], label[keep]
         raw[rank] = int(a.size)
         if a.size > max_segments:
-            a, b, label = _downsample(a, b, label, lo, hi, max_segments)
+            a, b, label = _downsample_segments(a, b, label, lo, hi, max_segments)
         frames.append(pd.DataFrame({"rank": rank, "kind": np.asarray(SEGMENT_KINDS, dtype=object)[label],
                                     "start_ms": (a - origin) / 1e3, "end_ms": (b - origin) / 1e3}))
     segments = (pd.concat(frames, ignore_index=True) if frames
