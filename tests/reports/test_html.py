@@ -91,3 +91,17 @@ def test_html_strategy_advice_section(tmp_path):
     assert "<td>ddp <b>(this run)</b></td>" in section
     assert "<code>fsdp.reshard_after_forward = false</code>" in section
     assert "<b>measured</b> — rank 0 meta.json ddp.num_params" in section
+
+
+def test_html_shows_a_sized_recommendations_arithmetic_step_by_step():
+    from html import escape
+
+    from torsh_tune.reports import render_html
+
+    a = analyze_run(DATA / "data_bound")
+    rec = next(r for r in a.recommendations if r.category == "io")
+    html = render_html(a, None)
+    steps = "".join(f"<li>{escape(s)}</li>" for s in rec.expected_gain.basis.split("; "))
+    assert f"<li><b>derived from this run:</b><ol class=basis>{steps}</ol></li>" in html
+    # A one-step basis stays on the gain's line ("bounded by ...").
+    assert html.count("<ol class=basis>") == sum("; " in r.expected_gain.basis for r in a.recommendations)

@@ -106,3 +106,18 @@ def test_markdown_strategy_advice_section():
     md = render_markdown(build_report_info(make_analysis(advice=_advice_rows(compression={"method": "powersgd"}))))
     assert "1. **ddp + powersgd compression** (this run)" in md
     assert "## Strategy advice" not in render_markdown(build_report_info(make_analysis()))
+
+
+def test_a_sized_recommendation_shows_its_arithmetic_step_by_step():
+    from torsh_tune.analysis import analyze_run
+
+    from .test_html import DATA
+
+    rec = next(r for r in analyze_run(DATA / "data_bound").recommendations if r.category == "io")
+    steps = rec.expected_gain.basis.split("; ")
+    assert len(steps) >= 4 and steps[0].startswith("idle cores per rank = ")
+    md = render_markdown(build_report_info(analyze_run(DATA / "data_bound")))
+    start = md.index(f"### 1. {rec.title}")
+    section = md[start:md.index("\n### ", start + 1)]
+    assert "- **derived from this run:**\n" + "".join(f"  {i}. {s}\n" for i, s in enumerate(steps, 1)) in section
+    assert "bounded by" not in section  # the steps are the basis, not one line after the gain

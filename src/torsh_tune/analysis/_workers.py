@@ -93,7 +93,7 @@ def size_workers(*, step_s: float, data_s: float, current: int = 0, rank_cpu_cor
         lines.append("the ranks' CPU use or the host's idle cores are unknown: no CPU bound")
     shortest = max(compute_s, cpu_bound_s or 0.0)
     high = 100.0 * (step_s - shortest) / step_s if step_s > 0 else 0.0
-    high = min(max(high, 0.0), 100.0 * data_s / step_s if step_s > 0 else 0.0)
+    high = round(min(max(high, 0.0), 100.0 * data_s / step_s if step_s > 0 else 0.0), 2)  # one value, every text
     saturated = cpu_bound_s is not None and high < WORKERS_HELP_MIN_PCT
     workers = current if saturated else max(current + 1, min(_MAX_WORKERS, math.ceil(load_s / shortest - 1e-9)))
     if saturated:
@@ -107,14 +107,14 @@ def size_workers(*, step_s: float, data_s: float, current: int = 0, rank_cpu_cor
         loaders = min(float(workers), current + max(idle_cores_per_rank or 0.0, 0.0))
         worst = max(shortest, compute_s, load_s / loaders) if loaders > 0 else step_s
         low = min(max(100.0 * (step_s - worst) / step_s, 0.0), high)
-        lines.append(f"saving <= (T - T') / T = {high:.1f} %; >= {low:.1f} % if loading is all CPU work on "
+        lines.append(f"saving <= (T - T') / T = {high:.1f} %, >= {low:.1f} % if loading is all CPU work on "
                      f"{loaders:.2f} cores (step {_ms(min(worst, step_s))})")
     else:
         low = 0.0
         if not saturated:
             lines.append(f"saving <= (T - T') / T = {high:.1f} %")
     return WorkerSizing(workers=workers, current=current, load_s=load_s, compute_s=compute_s,
-                        cpu_bound_s=cpu_bound_s, step_s=step_s, low_pct=round(low, 2), high_pct=round(high, 2),
+                        cpu_bound_s=cpu_bound_s, step_s=step_s, low_pct=round(low, 2), high_pct=high,
                         saturated=saturated, arithmetic="; ".join(lines))
 
 

@@ -271,11 +271,15 @@ def _recommendations(info: ReportInfo) -> list[str]:
     median = (info.summary or {}).get("median_step_s")
     for r in info.recommendations:
         gain = r.get("expected_gain") or {}
-        basis = f" — bounded by {gain['basis']}" if gain.get("basis") else ""
+        steps = [step for step in str(gain.get("basis") or "").split("; ") if step.strip()]  # the arithmetic's
+        basis = f" — bounded by {steps[0]}" if len(steps) == 1 else ""
         effort = str(r.get("effort"))
         out.append('<div class="card recommendation">')
         out.append(f"<h3>{_e(r.get('priority'))}. {_e(r.get('title', ''))}</h3><ul>")
         out.append(f"<li><b>expected gain:</b> {_e(gain_text(gain, median) + basis)}</li>")
+        if len(steps) > 1:  # a derivation (a sized quantity's arithmetic): one step a line
+            out.append("<li><b>derived from this run:</b><ol class=basis>"
+                       + "".join(f"<li>{_e(step)}</li>" for step in steps) + "</ol></li>")
         hint = f" ({_EFFORT_HINT[effort]})" if effort in _EFFORT_HINT else ""
         out.append(f"<li><b>effort:</b> {_e(effort + hint)}</li>")
         out.append(f"<li><b>addresses:</b> {_e(r.get('category'))}</li>")

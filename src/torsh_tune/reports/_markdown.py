@@ -203,8 +203,12 @@ def _recommendations(info: ReportInfo) -> list[str]:
         gain = r.get("expected_gain") or {}
         out.append(f"### {r.get('priority')}. {_inline(r.get('title', ''))}")
         out.append("")
-        basis = f" — bounded by {_inline(gain['basis'])}" if gain.get("basis") else ""
+        steps = _basis_steps(gain.get("basis"))
+        basis = f" — bounded by {_inline(steps[0])}" if len(steps) == 1 else ""
         out.append(f"- **expected gain:** {gain_text(gain, median)}{basis}")
+        if len(steps) > 1:  # a derivation (a sized quantity's arithmetic): one step a line
+            out.append("- **derived from this run:**")
+            out += [f"  {i}. {_inline(step)}" for i, step in enumerate(steps, start=1)]
         out.append(f"- **effort:** {r.get('effort')} ({_EFFORT_HINT.get(str(r.get('effort')), '')})".replace(" ()", ""))
         out.append(f"- **addresses:** {r.get('category')}")
         if r.get("verified_by"):
@@ -306,7 +310,8 @@ def _memory_system(info: ReportInfo) -> list[str]:
         if m.get("capacity_bytes"):
             out.append(f"| capacity | {fmt_bytes(m['capacity_bytes'])} ({fmt_pct(m.get('peak_pct'))} used at peak) |")
     if sysst is not None:
-        for key in ("cpu_pct_mean", "sys_cpu_pct_mean", "gpu_util_pct_mean", "gpu_power_w_mean"):
+        for key in ("cpu_pct_mean", "sys_cpu_pct_mean", "cpu_cores", "idle_cores_per_rank", "gpu_util_pct_mean",
+                    "gpu_power_w_mean"):  # cores: the ranks' affinity mask, recorded since the sampler kept it
             if sysst.get(key) is not None:
                 out.append(f"| `{key}` | {fmt_value(key, sysst[key])} |")
     return out + [""]
@@ -328,6 +333,11 @@ def _nodes(run: dict[str, Any]) -> str | None:
 def _join(*parts: Any, sep: str = " ") -> str | None:
     kept = [str(p) for p in parts if p not in (None, "")]
     return sep.join(kept) or None
+
+
+def _basis_steps(basis: Any) -> list[str]:
+    """A gain's basis as its steps: a sized recommendation's arithmetic is steps joined by "; "."""
+    return [step for step in str(basis or "").split("; ") if step.strip()]
 
 
 def _inline(text: Any) -> str:
