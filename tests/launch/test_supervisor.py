@@ -159,9 +159,24 @@ def test_rank_killed_by_a_signal(tmp_path: Path) -> None:
 
 
 def test_abort_at_exit_after_the_work_is_ok_with_a_warning(tmp_path: Path) -> None:
-    # The abort seen on about one gloo exit in eight, made certain: after the runtime wrote
-    # rank 1's exit record. The run is explained, so torchrun's report of it is only filed.
-    run = _launch(tmp_path, "import atexit\nif RANK == 1:\n    atexit.register(os.abort)\n", _config())
+    # The abort seen on about one gloo exit in eight, made certain: rank 1 aborts at exit, after
+    # the runtime wrote its exit record and once rank 0 wrote its own. The run is explained, so
+    # torchrun's report of it is only filed.
+    run = _launch(
+        tmp_path,
+        """
+        import atexit
+
+        def abort_after_rank_0():
+            while not os.path.exists(os.path.join(os.environ["TORSH_TUNE_RUN_DIR"], "ranks", "rank00000.exit.json")):
+                time.sleep(0.05)
+            os.abort()
+
+        if RANK == 1:
+            atexit.register(abort_after_rank_0)
+        """,
+        _config(),
+    )
     out = run.outcome
     assert (out.status, out.ranks) == ("ok", {0: "ok", 1: "ok"}), out
     assert out.returncode != 0 and out.warnings[0].startswith("exit_abort: ") and "SIGABRT" in out.warnings[0]
@@ -186,9 +201,11 @@ def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
     assert out.status == "timeout", out
     assert "budget.timeout_s=8" in out.message
     assert out.ranks == {0: "stopped", 1: "stopped"}
-    _assert_stop_is_filed_not_shown(run)
     grandchild = [int(line.split()[-1]) for line in run.log(1).splitlines() if line.startswith("grandchild")]
     assert len(grandchild) == 1
+    # torchrun (up: rank 1 ran) logs the stop's SIGTERM at once, then its traceback; only filed.
+    assert "death signal" in run.launcher_log, run.launcher_log
+    assert "death signal" not in run.shown and "Traceback" not in run.shown
     try:
         assert psutil.Process(grandchild[0]).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -200,12 +217,7 @@ def test_no_progress_is_a_hang(tmp_path: Path) -> None:
     assert run.outcome.status == "hang", run.outcome
     assert "no_progress_timeout_s=3" in run.outcome.message
     assert run.outcome.returncode is not None
-    _assert_stop_is_filed_not_shown(run)
-
-
-def _assert_stop_is_filed_not_shown(run: Launched) -> None:
-    # torchrun logs the SIGTERM of the stop at once, then its traceback (unless SIGKILLed first).
-    assert "death signal" in run.launcher_log, run.launcher_log
+    # (On a loaded machine torchrun may not be up after 3 s: what it logs is not asserted here.)
     assert "death signal" not in run.shown and "Traceback" not in run.shown
 
 
