@@ -60,6 +60,8 @@ CASES = [
     # study storage
     ("tune --storage nosuchdb://x {SCRIPT}", ["--storage must be an Optuna storage URL", "but got 'nosuchdb://x'"]),
     ("tune --storage journal:{MISSING}/study.log {SCRIPT}", ["--storage must be journal:PATH in an existing directory"]),
+    ("tune --storage journal:{EMPTY} {SCRIPT}", ["--storage must be journal:PATH naming a file, not a directory"]),
+    ("tune --storage sqlite:///{MISSING}/study.db {SCRIPT}", ["--storage must be sqlite:///FILE in an existing directory"]),
     ("tune --storage postgresql://tuner:secret@127.0.0.1:1/studies {SCRIPT}",
      ["--storage must be a", "postgresql://tuner:***@127.0.0.1:1/studies"]),
     # missing, empty or wrong study and run directories
