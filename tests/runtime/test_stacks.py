@@ -50,14 +50,15 @@ def _assert_steps_and_forward(run: RunDir) -> list[list[dict]]:
     return per_rank
 
 
-# The self-check (always-on vs the Kineto trace of the same steps), in pp. FSDP2 (~30 collectives
-# per 0.1 s step on 2 loaded cores, measured compute +5, comm and exposed +3.7 to +5.3 pp): its
-# hooks' Python outside any annotation is host compute for the records and a gap for a CPU trace,
-# and a blocking call's host time (the Python around the gloo operation) is a little more than the
-# gloo worker's span. The same holds for the hand-written all-reduce's 6 collectives per step
-# (measured +2.6 pp at width 1024 on a quiet machine, +7.6 pp at width 512 under load).
-SELF_CHECK_PP = {"fsdp2": {"compute": 8.0, "comm": 7.0, "exposed_comm": 7.0},
-                 "allreduce": {"compute": 5.0, "comm": 8.0, "exposed_comm": 8.0}}
+# The self-check (always-on vs the Kineto trace of the same steps), in pp; the issue asks 5 pp.
+# Measured 2026-11-25 under load average ~7 on 2 cores, after the capture's per-call cost was cut
+# and records moved to the writer's thread: the hand-written all-reduce (width 1024) compute
+# +3.0, comm and exposed +2.5; FSDP2 compute +1.8 to +2.6, comm and exposed +3.6 to +6.2. FSDP2's
+# collectives are asynchronous: the always-on span runs from the call to the completion, so it
+# includes the gloo worker thread's wake-up after the enqueue (the step does wait for it), which
+# the trace shows as idle; on a loaded machine that latency is what is left above 5 pp.
+SELF_CHECK_PP = {"fsdp2": {"compute": 5.0, "comm": 7.0, "exposed_comm": 7.0},
+                 "allreduce": {"compute": 5.0, "comm": 5.0, "exposed_comm": 5.0}}
 WINDOW = ("--trace-window", f"{WARMUP + 2}:6")
 
 
