@@ -40,6 +40,7 @@ CASES = [
     ("profile --steps 0 {SCRIPT}", ["--steps: must be an integer >= 1, but got 0"]),
     ("profile --trace-window 5:0 {SCRIPT}", ["profiler.trace_window must be START:LEN", "but got '5:0'"]),
     ("profile --dashboard 70000 {SCRIPT}", ["--dashboard: must be a TCP port 1-65535, but got 70000"]),
+    ("profile --dashboard {BUSY} {SCRIPT}", ["the dashboard port must be free to bind on 127.0.0.1"]),
     ("profile {T}/notes.txt", ["SCRIPT must be a Python file ending in .py", "notes.txt'"]),
     ("profile --run-name existing {SCRIPT}", ["--run-name must be the name of a run directory that does not exist yet",
                                               "but got 'existing'"]),
