@@ -749,12 +749,24 @@ def _check_types(obj: Any, path: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class DistEnv:
-    """A rank's place in the job, as torchrun (or any launcher setting its variables) describes it."""
+    """A rank's place in the job, as torchrun (or any launcher setting its variables) describes it.
+
+    Parsed once per rank by `dist_env()` (the rank runtime does it at start-up) and handed to
+    what needs it: the API, the strategies, the bench worker.
+
+    Example:
+        >>> env = dist_env({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
+        >>> env.local_rank, env.nnodes, env.node_rank
+        (1, 2, 1)
+        >>> env.with_ranks_per_node(2).nnodes
+        4
+    """
 
     rank: int
     local_rank: int
     world_size: int
-    local_world_size: int
+    local_world_size: int  # ranks on this rank's node
+    node_rank: int  # torchrun's GROUP_RANK; rank // local_world_size without it
     master_addr: str | None
     master_port: int | None
 
@@ -763,13 +775,27 @@ class DistEnv:
         """Number of nodes, assuming the same number of ranks on each (torchrun's layout)."""
         return max(1, self.world_size // max(1, self.local_world_size))
 
-    @property
-    def node_rank(self) -> int:
-        return self.rank // max(1, self.local_world_size)
+    @classmethod
+    def one_node(cls, *, rank: int, world_size: int) -> "DistEnv":
+        """A process group started without a launcher's variables: all its ranks on one node."""
+        return cls(rank=rank, local_rank=rank, world_size=world_size, local_world_size=world_size, node_rank=0,
+                   master_addr=None, master_port=None)
+
+    def with_ranks_per_node(self, ranks_per_node: int | None) -> "DistEnv":
+        """This rank in nodes of `ranks_per_node` consecutive ranks; itself when None.
+
+        `collectives.ranks_per_node` declares the node size the strategies work with (the
+        hierarchical all-reduce, the HSDP mesh), e.g. to emulate nodes on one host; the
+        launcher's own layout stays what this rank's device is chosen from.
+        """
+        if not ranks_per_node:
+            return self
+        return dataclasses.replace(self, local_world_size=ranks_per_node, local_rank=self.rank % ranks_per_node,
+                                   node_rank=self.rank // ranks_per_node)
 
 
 def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
-    """Read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT the torchrun way.
+    """Read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT the torchrun way.
 
     Returns None when the process was not started by a distributed launcher (no RANK and no
     WORLD_SIZE), so the same script runs alone, as in nanoGPT's
@@ -805,6 +831,7 @@ def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
     if master_port is not None and master_port > 65535:
         raise invalid("environment variable MASTER_PORT", "a port in [1, 65535]", port)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world, local_world_size=local_world,
+                   node_rank=integer("GROUP_RANK", rank // local_world, 0),
                    master_addr=env.get("MASTER_ADDR") or None, master_port=master_port)
 
 

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from torsh_tune.bench import COLLECTIVES
+from torsh_tune.config import DistEnv, dist_env
 from torsh_tune.fabric import Fact, bus_factor, detect_node, topology_from_hosts
 from torsh_tune.launch.emulate import ENV_EMULATED, EmulateSpec
 from torsh_tune.rundir import ENV_RUN_DIR, write_json_atomic, write_text_atomic
@@ -201,13 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     if not dist.is_initialized():
         dist.init_process_group()  # the bootstrap picks the run's backend
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    nnodes = max(world // max(local_world, 1), 1)
+    env = dist_env() or DistEnv.one_node(rank=rank, world_size=world)
+    local_world, nnodes = env.local_world_size, env.nnodes
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":
         # With one GPU visible per rank (CUDA_VISIBLE_DEVICES) LOCAL_RANK can exceed the count.
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+        device = torch.device("cuda", env.local_rank % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
 
     # Ranks measure the copy ceiling one after another: on a shared host, concurrent
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             copies.append(_copy_ceiling(args.copy_bytes, device))
         dist.barrier()
     # One rank per node reads the hardware (nvidia-smi is slow); every rank reports its host.
-    local_facts = [asdict(f) for f in detect_node()] if int(os.environ.get("LOCAL_RANK", 0)) == 0 else None
+    local_facts = [asdict(f) for f in detect_node()] if env.local_rank == 0 else None
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (socket.gethostname(), local_facts))
     hosts = [h for h, _ in gathered]

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import RunConfig, StrategyConfig, dist_env
+from ..config import DistEnv, RunConfig, StrategyConfig, dist_env
 from ..errors import TorshTuneError, invalid
 from ..importers import load_config_file
 from . import context
@@ -118,7 +118,7 @@ def parallelize(
     rt = context.active_runtime()
     strategy = _strategy_of(rt, config)
     cuda = torch.cuda.is_available()
-    env = dist_env()
+    env = rt.env if rt is not None else dist_env()  # inside a torsh-tune run, as the bootstrap parsed it
     if env is None and not (dist.is_available() and dist.is_initialized()):
         dev = torch.device(device) if device is not None else torch.device("cuda" if cuda else "cpu")
         model.to(dev)
@@ -127,10 +127,11 @@ def parallelize(
         return model, optimizer
     _ensure_process_group(strategy, cuda, env.local_rank if env else 0)
     world, rank = dist.get_world_size(), dist.get_rank()
-    per_node = strategy.collectives.ranks_per_node or (env.local_world_size if env else world)
+    env = env or DistEnv.one_node(rank=rank, world_size=world)
+    nodes = env.with_ranks_per_node(strategy.collectives.ranks_per_node)  # the node layout the strategy works with
     if split_points is not None:
         strategy = RunConfig(strategy=strategy).with_overrides({"strategy.pipeline.split_points": list(split_points)}).strategy
-    strategy.validate(world_size=world, nnodes=max(1, world // per_node))
+    strategy.validate(world_size=world, nnodes=nodes.nnodes)
     dev = _device_of(device, cuda)
     names = {id(p): n for n, p in model.named_parameters()}
     kind = strategy.kind
@@ -152,7 +153,8 @@ def parallelize(
 
         groups = _release_optimizer(optimizer, names) if optimizer is not None else None
         try:
-            info = apply_fsdp(model, strategy.fsdp, kind=kind, world_size=world, ranks_per_node=per_node, device=dev)
+            info = apply_fsdp(model, strategy.fsdp, kind=kind, world_size=world, ranks_per_node=nodes.local_world_size,
+                              device=dev)
         except BaseException:
             if groups is not None:  # a ConfigError before sharding: hand the user's optimizer back intact
                 _restore_optimizer(optimizer, groups, dict(model.named_parameters()))
@@ -167,7 +169,7 @@ def parallelize(
         data_parallel = world
     else:
         model.to(dev)  # every DDP rank holds the whole model
-        wrapped = _apply_ddp(model, strategy, dev, managed=rt is not None)
+        wrapped = _apply_ddp(model, strategy, dev, env=env, managed=rt is not None)
         par.loss_observer = getattr(getattr(wrapped, "_torsh_hook_state", None), "observe_loss", None)
         owned = dict(model.named_parameters())
         data_parallel = world
@@ -291,7 +293,8 @@ def _device_of(device: Any, cuda: bool) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
-def _apply_ddp(model: nn.Module, strategy: StrategyConfig, dev: torch.device, *, managed: bool) -> nn.Module:
+def _apply_ddp(model: nn.Module, strategy: StrategyConfig, dev: torch.device, *, env: DistEnv,
+               managed: bool) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     from ..strategies.ddp import comm_hook_of, ddp_kwargs
@@ -300,7 +303,7 @@ def _apply_ddp(model: nn.Module, strategy: StrategyConfig, dev: torch.device, *,
     ddp = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kwargs)
     # Inside a torsh-tune run the DDP constructor patch installs the hook (timed); here, ourselves.
     if not managed:
-        hook = comm_hook_of(strategy, ddp.process_group)
+        hook = comm_hook_of(strategy, ddp.process_group, env=env)
         if hook is not None:
             _, state, fn = hook
             ddp.register_comm_hook(state, fn)

@@ -56,12 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     from .budget import StepBudgetReached
     from .context import RankRuntime
 
-    rt = RankRuntime(config, run_dir)
     try:
-        env = dist_env()
+        env = dist_env()  # the rank's place in the job, parsed here only: the runtime hands it on
+    except ConfigError as exc:
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+        return 2
+    rt = RankRuntime(config, run_dir, env=env)
+    try:
         if env is not None:  # the checks that need the launcher's world size (HSDP mesh, pipeline stages, ...)
-            per_node = config.strategy.collectives.ranks_per_node or env.local_world_size
-            config.strategy.validate(world_size=env.world_size, nnodes=max(1, env.world_size // per_node))
+            nodes = env.with_ranks_per_node(config.strategy.collectives.ranks_per_node)
+            config.strategy.validate(world_size=env.world_size, nnodes=nodes.nnodes)
     except ConfigError as exc:
         rt.finish("config_error", error=exc)
         print(f"torsh-tune: error: {exc}", file=sys.stderr)

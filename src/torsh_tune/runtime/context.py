@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config import RunConfig, dist_env
+from ..config import DistEnv, RunConfig
 from ..profiler import RecordWriter, SharedFields, StepTracker, SystemSampler, now, open_nvml_device
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
@@ -31,12 +31,12 @@ def active_runtime() -> "RankRuntime | None":
 class RankRuntime:
     """Everything one rank's instrumentation needs, created once by the bootstrap."""
 
-    def __init__(self, config: RunConfig, run_dir: RunDir | None) -> None:
+    def __init__(self, config: RunConfig, run_dir: RunDir | None, *, env: DistEnv | None) -> None:
         global _ACTIVE
         _ACTIVE = self
         self.config = config
         self.run_dir = run_dir
-        env = dist_env()
+        self.env = env  # the launcher's description of this rank (None: not launched), parsed once by the bootstrap
         self.rank = env.rank if env else 0
         self.local_rank = env.local_rank if env else 0
         self.world_size = env.world_size if env else 1

@@ -188,7 +188,7 @@ class _CompressionSlot:
 
 def _apply_compression(rt: "RankRuntime", model: DistributedDataParallel, original_register: Any) -> None:
     """Install the configured comm hook (`[compression]`, `collectives.hierarchical`), inside the timing hook if any."""
-    built = comm_hook_of(rt.config.strategy, model.process_group)
+    built = comm_hook_of(rt.config.strategy, model.process_group, env=rt.env)
     if built is None:
         return
     name, state, hook = built

@@ -17,13 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..config import DistEnv, dist_env
 from ..errors import invalid
 from .compression._base import _OrderedIssuer
 
@@ -88,8 +88,9 @@ class HierarchicalState:
 
     Args:
         process_group: the group to all-reduce over (None: the default group).
-        ranks_per_node: node size in ranks; default: torchrun's LOCAL_WORLD_SIZE, else the
-            whole group is one node.
+        ranks_per_node: node size in ranks; default: `env.local_world_size`.
+        env: the rank's `DistEnv` (the runtime passes its own; default: parsed from torchrun's
+            variables); without one the whole group is one node.
         chunk_bytes: CPU buffers above this size are reduced in chunks of it, pipelining the
             three stages (None: never). CUDA buffers are never chunked (NCCL pipelines itself).
 
@@ -105,7 +106,7 @@ class HierarchicalState:
 
     method = "hierarchical"
 
-    def __init__(self, process_group: Any = None, *, ranks_per_node: int | None = None,
+    def __init__(self, process_group: Any = None, *, ranks_per_node: int | None = None, env: DistEnv | None = None,
                  chunk_bytes: int | None = 4 << 20) -> None:
         self.process_group = process_group
         self.chunk_bytes = chunk_bytes
@@ -113,8 +114,8 @@ class HierarchicalState:
         self.world_size = dist.get_world_size(process_group)
         ranks = dist.get_process_group_ranks(pg)
         if ranks_per_node is None:
-            env = os.environ.get("LOCAL_WORLD_SIZE")
-            ranks_per_node = int(env) if env else len(ranks)
+            env = env or dist_env()
+            ranks_per_node = env.local_world_size if env is not None else len(ranks)
         self.layout = node_layout(ranks, ranks_per_node)
         self.ranks_per_node, self.num_nodes = self.layout.ranks_per_node, self.layout.num_nodes
         me = dist.get_rank()

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import DDPConfig, StrategyConfig
+from ..config import DDPConfig, DistEnv, StrategyConfig
 
 __all__ = ["DDP_KWARGS", "comm_hook_of", "ddp_kwargs"]
 
@@ -45,15 +45,17 @@ def ddp_kwargs(cfg: DDPConfig, module: torch.nn.Module, given: dict[str, Any]) -
     return kwargs, applied
 
 
-def comm_hook_of(strategy: StrategyConfig, process_group: Any) -> tuple[str, Any, Any] | None:
+def comm_hook_of(strategy: StrategyConfig, process_group: Any, *, env: DistEnv | None) -> tuple[str, Any, Any] | None:
     """(name, state, hook) of the DDP comm hook the strategy asks for, or None for PyTorch's all-reduce.
 
+    `env` is the rank's place in the job (the runtime's `DistEnv`; None without a launcher):
+    the hierarchical all-reduce's node size unless `collectives.ranks_per_node` sets it.
     Must run on every rank in the same order (the hooks create process groups).
     """
     if strategy.collectives.hierarchical:
         from .collectives import HierarchicalState, hierarchical_hook
 
-        state = HierarchicalState(process_group, ranks_per_node=strategy.collectives.ranks_per_node)
+        state = HierarchicalState(process_group, ranks_per_node=strategy.collectives.ranks_per_node, env=env)
         return "torsh_tune_hierarchical", state, hierarchical_hook
     if strategy.compression.method != "none":
         from .compression import hook_from_config
