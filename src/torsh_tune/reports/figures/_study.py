@@ -437,7 +437,7 @@ def plot_confirmation(info: ConfirmationInfo) -> "go.Figure":
     return fig
 
 
-# -- what the figures and the trial tables share --------------------------------------------
+# -- the trial tables' parameters (the study report's and the dashboard's) ------------------
 
 
 def varying_params(info: TuningInfo) -> set[str]:
@@ -460,6 +460,9 @@ def params_text(params: Mapping[str, Any], names: set[str]) -> str:
         'compression.method=none, ddp.bucket_cap_mb=25'
     """
     return ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(params.items()) if k in names) or "–"
+
+
+# -- helpers --------------------------------------------------------------------------------
 
 
 def _unit(info: TuningInfo) -> str:
