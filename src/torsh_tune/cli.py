@@ -534,8 +534,12 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
     from .autotune import build_space, load_space_file, tune
-    from .autotune.storage import check_storage
+    from .autotune.storage import check_storage, shown_url
     from .rundir import new_run_dir
+
+    # The command line is recorded (run.json, result.json): a storage URL's password never is.
+    argv = [f"--storage={shown_url(a.split('=', 1)[1])}" if a.startswith("--storage=") else
+            shown_url(a) if i and argv[i - 1] == "--storage" else a for i, a in enumerate(argv)]
 
     config = _config_from_args(args)
     script = check_script(args.script)
