@@ -35,3 +35,21 @@ def test_an_unreadable_bench_model_gives_the_warning_analysis_gives(tmp_path, ca
     # A run without a model file keeps quiet, as analysis does.
     (bench / MODEL_FILE).unlink()
     assert F.reference_model(info, warnings=warnings) is None and warnings == from_analysis
+
+
+def test_the_dashboard_overview_shows_an_unreadable_bench_model_as_a_warning(tmp_path):
+    from torsh_tune.dashboard import RunStore
+    from torsh_tune.dashboard._views import overview_info
+
+    bench = tmp_path / "bench-run"
+    bench.mkdir()
+    (bench / MODEL_FILE).write_text('{"world_size": 2, "fits": [')  # torn
+    runs = tmp_path / "runs"
+    shutil.copytree(DATA / "recorded" / "comm_bound", runs / "r")
+    info = json.loads((runs / "r" / "run.json").read_text())
+    info["reference_bench"] = str(bench)
+    (runs / "r" / "run.json").write_text(json.dumps(info))
+    store = RunStore(runs)
+    (run_id,) = [r.run_id for r in store.list_runs()]
+    view = overview_info(store, run_id)
+    assert [w for w in view.warnings if w.startswith("reference bench model unreadable")]

@@ -100,16 +100,17 @@ def overview_info(store: RunStore, run_id: str, *, max_points: int = DEFAULT_MAX
     frames = store.frames(run_id)
     warnings = list(frames.warnings)
     alerts = find_alerts(frames, thresholds=run_thresholds(frames.config, warnings))
+    busbw = _busbw_figure(frames, warnings)  # an unreadable bench model is a warning on the page
     return OverviewInfo(kpis=get_kpis(frames), figures=build_figures(frames, max_points=max_points),
                         warnings=tuple(warnings), alerts=tuple(dataclasses.asdict(a) for a in alerts),
-                        busbw_figure=_busbw_figure(frames))
+                        busbw_figure=busbw)
 
 
-def _busbw_figure(frames: RunFrames) -> "go.Figure | None":
+def _busbw_figure(frames: RunFrames, warnings: list[str]) -> "go.Figure | None":
     ref = frames.info.get("reference_busbw_gbps")
     if frames.comm.empty or not (frames.info.get("reference_bench") or isinstance(ref, (int, float))):
         return None
-    model = reference_model(frames.info)
+    model = reference_model(frames.info, warnings=warnings)
     info = get_busbw_model_info(frames, model, last_steps=BUSBW_LIVE_STEPS)
     if info.empty or (model is None and info.reference_busbw_gbps is None):
         return None
