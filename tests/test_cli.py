@@ -58,6 +58,8 @@ def test_script_asking_for_nccl_without_cuda_is_one_line(tmp_path):
                    str(SCRIPTS / "train_small.py"), "--backend", "nccl", timeout=120)
     line = _one_line_error(proc)
     assert "process-group backend must be gloo when CUDA is not available" in line
+    # Said once, by the CLI from the ranks' records (the ranks say it themselves only under a bare torchrun).
+    assert (proc.stdout + proc.stderr).count("process-group backend must be gloo") == 1, proc.stdout + proc.stderr
     _torchrun_report_only_in_logs(proc, tmp_path / "runs" / "r")
     assert "Traceback" not in proc.stdout
 

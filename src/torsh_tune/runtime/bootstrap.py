@@ -14,10 +14,14 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..config import RunConfig, dist_env
 from ..errors import ConfigError
 from ..rundir import ENV_CONFIG, ENV_RUN_DIR, RunDir
+
+if TYPE_CHECKING:
+    from .context import RankRuntime
 
 
 def _load_config() -> RunConfig:
@@ -36,6 +40,14 @@ def _teardown_process_group(*, barrier: bool) -> None:
     if barrier:
         dist.barrier()
     dist.destroy_process_group()
+
+
+def _config_error(rt: "RankRuntime", exc: ConfigError, *, launched: bool) -> int:
+    """Record a config error; say it here only under a bare launcher (torsh-tune's CLI says it once, from the record)."""
+    rt.finish("config_error", error=exc)
+    if not launched:
+        print(f"torsh-tune: error: {exc}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes = env.with_ranks_per_node(config.strategy.collectives.ranks_per_node)
             config.strategy.validate(world_size=env.world_size, nnodes=nodes.nnodes)
     except ConfigError as exc:
-        rt.finish("config_error", error=exc)
-        print(f"torsh-tune: error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(rt, exc, launched=run_dir is not None)
     patches.install(rt)
     rt.start()
 
@@ -92,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         rt.finish("error", error=exc, tb=f"SystemExit({code!r})")
         raise
     except ConfigError as exc:
-        rt.finish("config_error", error=exc)
-        print(f"torsh-tune: error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(rt, exc, launched=run_dir is not None)
     except BaseException as exc:
         rt.finish("error", error=exc, tb=traceback.format_exc())
         raise
