@@ -96,7 +96,6 @@ class HierarchicalState:
 
     Attributes:
         layout: the `NodeLayout`; `ranks_per_node`, `num_nodes` its sizes.
-        last_wire_bytes: inter-node bytes this rank put into the latest call's collectives.
         stats: running totals (JSON-serialisable, updated in place): calls, bytes (buffer
             sizes), wire_bytes (= inter_node_bytes), intra_node_bytes, inter_node_bytes,
             num_buckets (DDP buckets seen in one iteration). A rank's bytes are the sizes of
@@ -147,14 +146,12 @@ class HierarchicalState:
         self.native_reduce_scatter = "nccl" in str(backend).lower()
         self._cross_issuer = _OrderedIssuer()
         self._gather_issuer = _OrderedIssuer()
-        self.last_wire_bytes = 0
         self.stats: dict[str, Any] = {"method": self.method, "ranks_per_node": self.ranks_per_node,
                                       "num_nodes": self.num_nodes, "calls": 0, "bytes": 0, "wire_bytes": 0,
                                       "intra_node_bytes": 0, "inter_node_bytes": 0, "num_buckets": 0}
         self._stats_lock = threading.Lock()
 
     def _count(self, nbytes: int, intra_bytes: int, inter_bytes: int) -> None:
-        self.last_wire_bytes = inter_bytes
         with self._stats_lock:
             s = self.stats
             s["calls"] += 1

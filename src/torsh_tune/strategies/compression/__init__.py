@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ...errors import invalid
 from ._adaptive import AdaptiveState, adaptive_hook
-from ._base import CompressionState, wire_bytes_of
+from ._base import CompressionState
 from ._cast import CastState, cast_hook
 from ._int8 import Int8State, int8_hook
 from ._powersgd import PowerSGDState, powersgd_hook
@@ -44,7 +44,6 @@ __all__ = [
     "int8_hook",
     "powersgd_hook",
     "topk_hook",
-    "wire_bytes_of",
 ]
 
 

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressionState", "used_on_current_stream", "wire_bytes_of"]
+__all__ = ["CompressionState", "used_on_current_stream"]
 
 
 def used_on_current_stream(*tensors: torch.Tensor) -> None:
@@ -96,7 +96,6 @@ class CompressionState:
         two_phase: the hook issues a second, dependent collective; creates `second_group`.
 
     Attributes:
-        last_wire_bytes: bytes this rank put into the collectives of the latest hook call.
         stats: running totals (fixed keys, updated in place): calls, bytes, wire_bytes,
             compress_s, decompress_s, and num_buckets (buckets seen in one iteration).
     """
@@ -109,7 +108,6 @@ class CompressionState:
         self.error_feedback = error_feedback
         self.errors: dict[int, torch.Tensor] = {}
         self.iter = 0
-        self.last_wire_bytes = 0
         self.stats: dict[str, Any] = {"method": self.method, "calls": 0, "bytes": 0, "wire_bytes": 0,
                                       "compress_s": 0.0, "decompress_s": 0.0, "num_buckets": 0}
         self._stats_lock = threading.Lock()
@@ -127,7 +125,6 @@ class CompressionState:
     def start_call(self, bucket: dist.GradBucket, wire_bytes: int) -> None:
         """Record one hook call (main thread); advance the iteration after the last bucket."""
         buf = bucket.buffer()
-        self.last_wire_bytes = int(wire_bytes)
         with self._stats_lock:
             self.stats["calls"] += 1
             self.stats["bytes"] += buf.numel() * buf.element_size()
@@ -197,15 +194,3 @@ class CompressionState:
 
         first.then(after_first)
         return result
-
-
-def wire_bytes_of(state: Any, nbytes: int) -> int:
-    """Bytes the latest hook call of `state` put on the wire; `nbytes` for other hooks.
-
-    Matches `TimedCommHook.wire_bytes_of`: called right after the hook returned. The count
-    is the size of this rank's inputs to the hook's collectives, comparable with the bucket
-    size `nbytes` that a plain all-reduce contributes.
-    """
-    if isinstance(state, CompressionState):
-        return state.last_wire_bytes
-    return nbytes
