@@ -166,7 +166,7 @@ def measure_grid(workload: str, *, steps: int, warmup_steps: int, seed: int) -> 
 
 def _measure_points(space, run_config, script: Path, script_args: list[str], *,
                     seed: int) -> tuple[list[dict[str, Any]], float]:
-    from torsh_tune.autotune import fresh_run_dir, loss_deviation, run_measured, trial_constraints
+    from torsh_tune.autotune import fresh_run_dir, loss_check, loss_deviation, run_measured, trial_constraints
 
     points = [space.suggest(_GridPoint(dict(zip(GRID, values)))) for values in itertools.product(*GRID.values())]
     baseline = space.suggest(_GridPoint(space.baseline_params()))
@@ -186,8 +186,9 @@ def _measure_points(space, run_config, script: Path, script_args: list[str], *,
                 baseline_loss = m.loss
             dev = loss_deviation(m.loss, baseline_loss) if run.samples_s is not None else None
             lossy = params["compression.method"] != "none"
-            constraints = (trial_constraints(loss_deviation=dev, lossy=lossy, loss_tolerance=LOSS_TOLERANCE)
-                           if run.samples_s is not None else {})
+            # One baseline run: no spread measured, so the loss guard's limit is the tolerance.
+            check = loss_check(m.loss, [baseline_loss], tolerance=LOSS_TOLERANCE) if run.samples_s is not None else None
+            constraints = trial_constraints(loss=check, lossy=lossy) if run.samples_s is not None else {}
             rows.append({
                 "order": i,
                 "params": {name: params[name] for name in GRID},

@@ -146,16 +146,23 @@ def _add_study_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--baseline-repeats", type=_POSITIVE_INT, default=3, help="Baseline launches; their spread is the noise (default 3).")
     g.add_argument("--confirm-top", type=_NON_NEGATIVE_INT, default=2, help="Best trials re-run against the baseline (default 2).")
     g.add_argument("--confirm-pairs", type=_POSITIVE_INT, default=3, help="Interleaved baseline/candidate pairs each (default 3).")
+    g.add_argument("--ablation-pairs", type=_NON_NEGATIVE_INT, metavar="N",
+                   help="Pairs per test of the ablation that keeps only the winner's changes whose removal costs "
+                   "speed beyond noise (default: --confirm-pairs; 0: best.toml is the winner as found).")
     g.add_argument("--trial-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="Wall-clock limit of one trial.")
     g.add_argument("--study-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="No new trial starts after this.")
-    g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=0.01, help="Largest relative loss deviation from the baseline (default 0.01).")
+    g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=0.01,
+                   help="A trial violates the loss guard when its mean loss is worse than the baseline's by more than "
+                   "this (relative, default 0.01) and beyond the baseline repeats' run-to-run spread (one-sided "
+                   "t-test at 1 %%).")
     g.add_argument("--space", metavar="FILE", help="TOML [space] table narrowing, widening or fixing dimensions.")
     g.add_argument("--no-compression", action="store_true", help="Do not search gradient compression.")
     g.add_argument("--api", action=argparse.BooleanOptionalAction, default=None,
                    help="Search the strategy kind (DDP, FSDP, HSDP, pipeline) and its options: the script calls "
                    "torsh_tune.parallelize (default: detected in the script's source).")
     g.add_argument("--allow-batch-changes", action="store_true",
-                   help="Also search knobs that change the effective batch (gradient accumulation; API mode only).")
+                   help="Also search knobs that change the effective batch (gradient accumulation; API mode only); "
+                   "the data guard then accepts their change of the batch.")
     g.add_argument("--objectives", default="throughput",
                    help="Objectives, comma-separated: throughput, or throughput,loss (also minimise the loss deviation "
                    "from the baseline; reports a Pareto front).")
@@ -595,6 +602,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
             script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
             sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
             baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
+            ablation_pairs=args.ablation_pairs,
             steps=config.budget.steps, warmup_steps=config.budget.warmup_steps, trial_timeout_s=args.trial_timeout,
             timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance, space_spec=spec,
             include_compression=not args.no_compression, cuda=cuda, cpu_count=os.cpu_count(),
@@ -690,12 +698,38 @@ def _print_study_result(result: Any, console: Any) -> None:
         console.print(f"trial {c.trial_number}: paired speedup {c.speedup:.3f}x (95 % CI {c.ci_low:.3f}–{c.ci_high:.3f}) — {verdict}")
     for note in result.confirmation_notes:
         console.print(note, markup=False)
+    for knob, guard in result.data_guard.items():
+        console.print(f"{knob} left the search at trial {guard['trial']}: {guard['reason']}", markup=False)
     if result.best_trial is None:
         console.print("no configuration beat the baseline beyond noise: best.toml is your configuration as it is")
-    else:
+    elif result.ablation is None or not result.ablation.better:
         console.print(f"best: trial {result.best_trial} at {result.best_speedup:.3f}x — {result.best_params}")
+    a = result.ablation
+    if a is not None:
+        _print_ablation(a, console)
     for name, path in result.files.items():
         console.print(f"{name}: {path}")
+
+
+def _print_ablation(a: Any, console: Any) -> None:
+    """The minimal best config: each kept knob with its measured share, each dropped one as no measurable effect."""
+    if a.speedup is not None:
+        state = "confirmed faster, in best.toml" if a.better else "not confirmed faster: best.toml keeps the winner"
+        console.print(f"[bold]minimal best config[/] (trial {a.trial_number} reduced): {a.speedup:.3f}x "
+                      f"(95 % CI {a.ci_low:.3f}–{a.ci_high:.3f}), {state}")
+    for name, (found, rounded) in sorted(a.rounded.items()):
+        console.print(f"  rounded {name}: {found!r} -> {rounded!r}", markup=False)
+    for e in sorted(a.effects, key=lambda e: (not e.kept, -(e.share or 0.0))):
+        if e.kept and e.share is not None:
+            console.print(f"  {e.knob} = {_short(e.value)}: {100 * e.share:.0f} % of the speedup (95 % CI "
+                          f"{100 * e.share_ci[0]:.0f}–{100 * e.share_ci[1]:.0f} %; {e.ratio:.3f}x with it)", markup=False)
+        elif e.kept:
+            console.print(f"  {e.knob} = {_short(e.value)}: kept ({e.verdict})", markup=False)
+        else:
+            measured = f" ({e.ratio:.3f}x with it)" if e.ratio is not None else ""
+            console.print(f"  {e.knob} = {_short(e.value)}: dropped, no measurable effect{measured}", markup=False)
+    for note in a.notes:
+        console.print(f"  {note}", markup=False)
 
 
 def _print_summary(summary: dict[str, Any], files: dict[str, str], console: Any) -> None:
@@ -740,7 +774,7 @@ class _StudyProgress:
 
         self.console, self.n_trials = console, n_trials
         self.baseline_runs, self.confirm_runs = baseline_runs, confirm_runs
-        self.baseline_done = self.trials_done = self.confirm_done = self.runs = 0
+        self.baseline_done = self.trials_done = self.confirm_done = self.ablation_done = self.runs = 0
         self.best: float | None = None
         self.unit = "samples/s"
         self.rows: list[tuple[str, ...]] = []
@@ -781,6 +815,9 @@ class _StudyProgress:
         if kind == "baseline":
             self.baseline_done += 1
             label = f"baseline ({self.baseline_done}/{self.baseline_runs})"
+        elif kind.startswith("ablation"):
+            self.ablation_done += 1
+            label = f"{kind} ({self.ablation_done})"
         else:
             self.confirm_done += 1
             label = f"{kind} ({self.confirm_done}/{self.confirm_runs})"

@@ -11,9 +11,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 
-from torsh_tune.autotune import TuneResult, trial_constraints, tune
+from torsh_tune.autotune import TuneResult, loss_check, trial_constraints, tune
 from torsh_tune.config import RunConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.importers import load_config_file
@@ -118,16 +119,15 @@ def test_objective_arguments_are_checked_before_anything_runs(tmp_path):
 
 
 def test_constraints_loss_guard_and_peak_memory():
-    c = trial_constraints(loss_deviation=0.002, lossy=True, loss_tolerance=0.01)
-    assert c == {"loss_deviation": pytest.approx(-0.008)}
+    base = pd.Series({s: 2.0 - 0.1 * s for s in range(5)})
+    check = loss_check(base * 1.002, [base], tolerance=0.01)
+    c = trial_constraints(loss=check, lossy=True)
+    assert c == {"loss_deviation": pytest.approx(-0.008)}  # -(tolerance - excess): the margin left
     # Without a comparable loss only a lossless choice passes.
-    assert trial_constraints(loss_deviation=None, lossy=True, loss_tolerance=0.01) == {"loss_deviation": 1.0}
-    assert trial_constraints(loss_deviation=None, lossy=False, loss_tolerance=0.01) == {"loss_deviation": 0.0}
-    over = trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
-                             peak_mem_bytes=3 << 30, max_peak_mem_bytes=2 << 30)
+    assert trial_constraints(loss=None, lossy=True) == {"loss_deviation": 1.0}
+    assert trial_constraints(loss=None, lossy=False) == {"loss_deviation": 0.0}
+    over = trial_constraints(loss=check, lossy=False, peak_mem_bytes=3 << 30, max_peak_mem_bytes=2 << 30)
     assert over["peak_mem"] == pytest.approx(0.5)  # > 0: violated
-    under = trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
-                              peak_mem_bytes=1 << 30, max_peak_mem_bytes=2 << 30)
+    under = trial_constraints(loss=check, lossy=False, peak_mem_bytes=1 << 30, max_peak_mem_bytes=2 << 30)
     assert under["peak_mem"] == pytest.approx(-0.5)
-    assert "peak_mem" not in trial_constraints(loss_deviation=0.0, lossy=False, loss_tolerance=0.01,
-                                               peak_mem_bytes=1 << 30)
+    assert "peak_mem" not in trial_constraints(loss=check, lossy=False, peak_mem_bytes=1 << 30)

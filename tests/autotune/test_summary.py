@@ -42,7 +42,8 @@ def test_summary_measures_the_confirmation_pairs(small):
     assert m["throughput"]["best"] > 10 * m["throughput"]["baseline"] and m["throughput"]["ok"] is True
     assert m["peak_memory"]["ok"] is True and m["peak_memory"]["baseline"] > 0
     assert m["mean_loss"]["deviation_pct"] == pytest.approx(0.0, abs=1e-6) and m["mean_loss"]["ok"] is True
-    assert m["mean_loss"]["rule"] == "within 5 % of baseline" and m["time_per_step"]["ok"] is None
+    assert m["mean_loss"]["rule"] == "within 5 % of baseline or its run-to-run noise" and m["mean_loss"]["limit_pct"] >= 5
+    assert m["time_per_step"]["ok"] is None
     assert m["time_per_step"]["best"] < m["time_per_step"]["baseline"]  # the planted 0.3 s per step is gone
     assert s["migration_ok"] is True
     # Trials, and what became of the recommendations enqueued as the "initial" trials 1 and 2.

@@ -8,10 +8,14 @@ Example:
     >>> result.best_speedup, result.best_ci  # doctest: +SKIP
 """
 
+from .dataguard import DataCheck, check_data, run_fingerprints
 from .objective import (
+    LOSS_TEST_ALPHA,
+    LossCheck,
     Measurement,
     Throughput,
     loss_by_step,
+    loss_check,
     loss_deviation,
     measure_run,
     per_step_throughput,
@@ -47,12 +51,15 @@ from .study import (
 
 __all__ = [
     "BASELINE_PARAMS",
+    "LOSS_TEST_ALPHA",
     "OBJECTIVES",
     "PRUNERS",
     "SAMPLERS",
     "BaselineStats",
     "Confirmation",
+    "DataCheck",
     "Dimension",
+    "LossCheck",
     "MeasuredRun",
     "Measurement",
     "ModelCandidate",
@@ -68,9 +75,11 @@ __all__ = [
     "UNPREDICTABLE_METHODS",
     "advisor_params",
     "build_space",
+    "check_data",
     "fresh_run_dir",
     "load_space_file",
     "loss_by_step",
+    "loss_check",
     "loss_deviation",
     "make_pruner",
     "make_sampler",
@@ -80,6 +89,7 @@ __all__ = [
     "per_step_throughput",
     "predict_ddp_step",
     "predict_params",
+    "run_fingerprints",
     "run_measured",
     "running_throughput",
     "step_inputs",

@@ -1,8 +1,12 @@
-"""What a trial is worth: steady-state throughput, the loss-trajectory quality guard, the constraints.
+"""What a trial is worth: steady-state throughput, the noise-calibrated loss guard, the constraints.
 
 Pure (pandas + numpy): works on the step records of any run directory, recorded or live.
 `running_throughput` is what the pruner sees of a running trial: the median throughput
 over the measured steps so far, indexed by measured step, the same index in every trial.
+
+The loss guard (`loss_check`) is calibrated on the baseline's own repeats: a trial violates
+only when its mean loss is worse than the baseline's beyond what the baseline's run-to-run
+spread explains (a one-sided t-test at `LOSS_TEST_ALPHA`) *and* beyond the tolerance.
 
 Example:
     >>> m = measure_run("tests/data/recorded/data_bound")  # doctest: +SKIP
@@ -11,10 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,10 +29,13 @@ from ..analysis import load_run
 from ..rundir import RunDir
 
 __all__ = [
+    "LOSS_TEST_ALPHA",
+    "LossCheck",
     "Measurement",
     "Throughput",
     "effective_settings",
     "loss_by_step",
+    "loss_check",
     "loss_deviation",
     "measure_run",
     "per_step_throughput",
@@ -189,27 +198,129 @@ def loss_deviation(trial_loss: pd.Series, baseline_loss: pd.Series) -> float | N
     return abs(float(trial_loss.loc[common].mean()) - base) / abs(base)
 
 
+#: Significance level of the loss guard's one-sided test (1 %: a trial that trains exactly as the
+#: baseline does is called worse in one study of a hundred trials at most).
+LOSS_TEST_ALPHA = 0.01
+# One-sided Student t quantiles t(1 - LOSS_TEST_ALPHA, df) for df = 1..30; beyond, the normal's.
+_T_99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650, 2.624,
+         2.602, 2.583, 2.567, 2.552, 2.539, 2.528, 2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467,
+         2.462, 2.457)
+_Z_99 = 2.326
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossCheck:
+    """The loss guard's verdict on one trial (all values relative to the baseline's mean loss).
+
+    The unit of noise is a whole run: a run's loss curve moves as one (another model
+    initialisation shifts every step), so per-step differences are not independent and a
+    per-step test would claim far more certainty than the runs support. Over the logged steps
+    common to the trial and every baseline repeat:
+
+        delta   = mean(trial) / mean(baseline) - 1          (> 0: the trial's loss is worse)
+        m_r     = mean(repeat r) / mean(baseline) - 1       for the R baseline repeats
+        noise   = sd(m_1 .. m_R)                            (one run's spread, R - 1 df)
+        se      = noise * sqrt(1 + 1/R)                     (one trial run vs the mean of R runs)
+        t       = delta / se
+        threshold = max(tolerance, t(1 - alpha, R - 1) * se)
+
+    The trial violates when `delta > threshold`: its loss is worse than the baseline's beyond
+    the baseline's own run-to-run spread (one-sided t-test, alpha `LOSS_TEST_ALPHA`) and beyond
+    the tolerance (which keeps a bit-for-bit deterministic baseline, whose spread is 0, from
+    calling a reordered floating-point sum a regression). With one baseline repeat there is
+    no spread to measure: the threshold is the tolerance alone.
+
+    Attributes:
+        delta_rel: The trial's mean loss relative to the baseline's, minus 1.
+        threshold_rel: The largest `delta_rel` that is feasible.
+        margin_rel: `threshold_rel - delta_rel` (< 0: violated by that much).
+        noise_rel: One run's relative spread (sd of the repeats' means), None with one repeat.
+        t_stat: `delta_rel / se`, None without a spread (or a spread of 0).
+        t_crit: The one-sided critical value used, None with one repeat.
+        tolerance_rel: The study's loss tolerance.
+        repeats: Baseline repeats with a loss at the common steps.
+        num_steps: Logged steps compared.
+        violated: `delta_rel > threshold_rel`.
+    """
+
+    delta_rel: float
+    threshold_rel: float
+    margin_rel: float
+    noise_rel: float | None
+    t_stat: float | None
+    t_crit: float | None
+    tolerance_rel: float
+    repeats: int
+    num_steps: int
+    violated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _t_crit(df: int) -> float:
+    return _T_99[df - 1] if df <= len(_T_99) else _Z_99
+
+
+def loss_check(trial_loss: pd.Series, baseline_runs: Sequence[pd.Series], *, tolerance: float) -> LossCheck | None:
+    """Test whether the trial's loss is worse than the baseline's beyond its run-to-run noise (see `LossCheck`).
+
+    Args:
+        trial_loss: Step -> mean loss of the trial (`loss_by_step`).
+        baseline_runs: The same for each baseline repeat.
+        tolerance: The study's loss tolerance (relative): the smallest worsening ever called a violation.
+
+    Returns:
+        None when no logged step is common to the trial and every baseline repeat, or the
+        baseline's mean loss there is 0.
+    """
+    runs = [r.dropna() for r in baseline_runs if len(r.dropna())]
+    if not runs:
+        return None
+    common = trial_loss.dropna().index
+    for r in runs:
+        common = common.intersection(r.index)
+    if len(common) == 0:
+        return None
+    means = np.array([float(r.loc[common].mean()) for r in runs])
+    base = float(means.mean())
+    if base == 0 or not np.isfinite(base):
+        return None
+    delta = float(trial_loss.loc[common].mean()) / base - 1.0
+    repeats = len(runs)
+    noise = t_stat = t_crit = None
+    threshold = tolerance
+    if repeats >= 2:
+        noise = float(np.std(means / base - 1.0, ddof=1))
+        se = noise * math.sqrt(1.0 + 1.0 / repeats)
+        t_crit = _t_crit(repeats - 1)
+        threshold = max(tolerance, t_crit * se)
+        t_stat = delta / se if se > 0 else None
+    return LossCheck(delta_rel=delta, threshold_rel=threshold, margin_rel=threshold - delta, noise_rel=noise,
+                     t_stat=t_stat, t_crit=t_crit, tolerance_rel=tolerance, repeats=repeats,
+                     num_steps=len(common), violated=delta > threshold)
+
+
 def trial_constraints(
     *,
-    loss_deviation: float | None,
+    loss: LossCheck | None,
     lossy: bool,
-    loss_tolerance: float,
     peak_mem_bytes: int | None = None,
     max_peak_mem_bytes: int | None = None,
 ) -> dict[str, float]:
     """Constraint name -> value as told to Optuna (`trial.set_constraint`): <= 0 is feasible.
 
-    - "loss_deviation": `loss_deviation - loss_tolerance`. Without a comparable loss a
-      lossy choice (compression) cannot be shown to be harmless: 1.0 (violated); a
-      lossless one: 0.0.
+    - "loss_deviation": `-loss.margin_rel` (`loss_check`: the trial's relative loss excess
+      over the noise-calibrated threshold). Without a comparable loss a lossy choice
+      (compression) cannot be shown to be harmless: 1.0 (violated); a lossless one: 0.0.
     - "peak_mem": `peak_mem_bytes / max_peak_mem_bytes - 1`, only with a limit and a
       recorded peak.
     """
     out: dict[str, float] = {}
-    if loss_deviation is None:
+    if loss is None:
         out["loss_deviation"] = 1.0 if lossy else 0.0
     else:
-        out["loss_deviation"] = loss_deviation - loss_tolerance
+        out["loss_deviation"] = -loss.margin_rel
     if max_peak_mem_bytes is not None and peak_mem_bytes is not None:
         out["peak_mem"] = peak_mem_bytes / max_peak_mem_bytes - 1.0
     return out

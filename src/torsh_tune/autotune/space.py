@@ -277,6 +277,23 @@ class SearchSpace:
         """
         return base.apply_patch(self.patch_of(params)).check_layout()
 
+    def default(self, name: str) -> Any:
+        """Trial 0's value of a dimension: the base config's for the strategy ones, else PyTorch's."""
+        return {**BASELINE_PARAMS, **self.defaults}.get(name)
+
+    def normalize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`params` as `suggest` would ask them: only the dimensions active under the earlier
+        choices (a reverted `num_workers = 0` drops `prefetch_factor`), fixed ones at their value,
+        a missing active one at its default (`default`)."""
+        return self.suggest(_DefaultsReplay({**BASELINE_PARAMS, **self.defaults, **params}))  # type: ignore[arg-type]
+
+    def without(self, reasons: Mapping[str, str]) -> "SearchSpace":
+        """This space less the named dimensions (they run as the baseline does), each with why it left."""
+        if not any(name in self.dims for name in reasons):
+            return self
+        return replace(self, dims={n: d for n, d in self.dims.items() if n not in reasons},
+                       unavailable={**self.unavailable, **{n: why for n, why in reasons.items() if n in self.dims}})
+
     def baseline_params(self) -> dict[str, Any]:
         """The defaults (`BASELINE_PARAMS`, the base config's for the strategy dimensions)
         restricted to this space's active dimensions, as `suggest` asks them (for trial 0).

@@ -5,9 +5,16 @@
               zero-code candidates for the baseline run (enqueued), then the sampler's
               trials, each a fresh launch; a running trial reports its running median
               throughput per measured step and the pruner (`pruning.py`, opt-in) may stop it
+              each completed trial passes the data guard (`dataguard.py`: it read the
+              baseline's data, else FAIL and its knob leaves the space) and the loss guard
+              (`objective.loss_check`: worse than the baseline beyond its repeats' spread
+              violates the "loss_deviation" constraint)
     confirmation: top K feasible trials, each against the baseline interleaved A B A B ...
                   paired speedup = median of per-pair ratios, bootstrap 95 % CI
-    best.toml     the confirmed best (or the baseline when nothing was confirmed)
+    ablation:     the best confirmed winner rounded (2 significant figures) and reduced to the
+                  changes whose removal costs speed beyond noise, each with its share of
+                  the speedup (`ablation.py`), re-checked against the baseline
+    best.toml     that minimal configuration (or the baseline when nothing was confirmed)
 
 Objectives: throughput alone (maximise), or throughput and loss (`objectives=("throughput",
 "loss")`: maximise throughput, minimise the relative loss deviation from the baseline, the
@@ -46,7 +53,9 @@ from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..fabric import CommModel, load_model
 from ..rundir import RunDir, write_json_atomic, write_text_atomic
-from .objective import effective_settings, loss_deviation, trial_constraints
+from .ablation import Ablation, PairedRuns, ablate, paired_stats
+from .dataguard import DataCheck, check_data, run_fingerprints
+from .objective import effective_settings, loss_check, loss_deviation, trial_constraints
 from .pruning import PRUNERS, TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
@@ -78,7 +87,6 @@ _DEFAULT_STEPS = 20
 _DEFAULT_PRUNER_PERCENTILE = 25.0
 _DEFAULT_PRUNER_WARMUP_STEPS = 3
 _DEFAULT_PRUNER_STARTUP_TRIALS = 5
-_BOOTSTRAP_RESAMPLES = 2000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +101,8 @@ class TrialResult:
         iqr_samples_s: Spread of the per-step throughput within the run.
         loss_deviation: Relative deviation of the mean loss from the baseline's (the
             second objective of a throughput+loss study).
+        loss_check: The loss guard's test (`objective.LossCheck.to_dict()`: delta_rel,
+            threshold_rel, margin_rel, noise_rel, ...), None when no loss was comparable.
         constraint_status: "feasible", "violated", or "" (not evaluated: failed or pruned trial).
         constraints: Constraint name -> value (<= 0 is feasible), as told to Optuna.
         failure_reason: One line for a FAIL, or why a PRUNED trial was pruned
@@ -113,6 +123,7 @@ class TrialResult:
     samples_s: float | None = None
     iqr_samples_s: float | None = None
     loss_deviation: float | None = None
+    loss_check: dict[str, Any] | None = None
     constraint_status: str = ""
     constraints: dict[str, float] = field(default_factory=dict)
     failure_reason: str = ""
@@ -150,6 +161,8 @@ class BaselineStats:
         max_microbatches: Largest micro-batches per step seen (static_graph is offered only at 1).
         unit: The throughput unit of the whole study: "tokens/s" when the script counts
             tokens (`torsh_tune.count_tokens`), else "samples/s" (`samples_s` fields hold it).
+        loss_noise_rel: Run-to-run spread of the mean loss (sd of the repeats' means relative
+            to their mean; `objective.LossCheck`), None with fewer than two repeats with a loss.
     """
 
     samples_s: tuple[float, ...]
@@ -158,6 +171,7 @@ class BaselineStats:
     run_dirs: tuple[str, ...]
     max_microbatches: int | None
     unit: str = "samples/s"
+    loss_noise_rel: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,8 +213,9 @@ class TuneResult:
         trials: Every trial of the study (also those of earlier, resumed sessions).
         confirmations: One per confirmed candidate.
         best_trial: The confirmed best trial's number, None when nothing was confirmed.
-        best_params: Its parameters ({} for the baseline).
-        best_speedup: Its confirmed paired speedup, None when nothing was confirmed.
+        best_params: The parameters best.toml holds: the winner's minimal set after the ablation
+            ({} for the baseline).
+        best_speedup: Their confirmed paired speedup, None when nothing was confirmed.
         best_ci: Its 95 % CI, None when nothing was confirmed.
         best_config: The config written to best.toml (the base config when nothing won).
         interrupted: The study was stopped by Ctrl-C/SIGTERM during a run.
@@ -209,6 +224,12 @@ class TuneResult:
         pareto: The Pareto front, fastest first (multi-objective studies; empty otherwise).
         confirmation_notes: Why top trials were passed over for the confirmation (e.g. a
             trial that ran with the baseline's own settings: its lead can only be noise).
+        data_guard: Knob -> {"trial", "reason"}: the knobs that changed the data the ranks
+            read (`dataguard.check_data`) and left the search space at that trial.
+        ablation: The confirmed winner reduced to the changes that earn its speedup, each
+            kept knob's share (`ablation.Ablation`); None when nothing was confirmed or the
+            ablation is off. When its minimal configuration is confirmed (`better`), it is
+            `best_params`/best.toml and its re-check gives `best_speedup`/`best_ci`.
     """
 
     study_name: str
@@ -227,6 +248,8 @@ class TuneResult:
     objectives: tuple[str, ...] = ("throughput",)
     pareto: tuple[ParetoTrial, ...] = ()
     confirmation_notes: tuple[str, ...] = ()
+    data_guard: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ablation: Ablation | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -278,6 +301,7 @@ def tune(
     baseline_repeats: int = 3,
     confirm_top: int = 2,
     confirm_pairs: int = 3,
+    ablation_pairs: int | None = None,
     steps: int | None = None,
     warmup_steps: int | None = None,
     trial_timeout_s: float | None = None,
@@ -320,11 +344,16 @@ def tune(
         baseline_repeats: Baseline launches before the search (>= 1); their spread is the noise.
         confirm_top: Best feasible trials re-run in the confirmation phase (0: none).
         confirm_pairs: Baseline/candidate pairs per confirmed candidate.
+        ablation_pairs: Pairs per test of the ablation that reduces the confirmed winner to the
+            changes that earn its speedup (`ablation.ablate`; default `confirm_pairs`; 0: no
+            ablation, best.toml is the winner as found).
         steps: Measured steps per run (default: the base config's, else 20).
         warmup_steps: Warm-up steps per run (default: the base config's).
         trial_timeout_s: Wall-clock limit of one run (default: the base config's).
         timeout_s: No new run starts after this many seconds of the study.
-        loss_tolerance: Largest relative deviation of the mean loss from the baseline's.
+        loss_tolerance: The smallest relative worsening of the mean loss that violates the loss
+            guard; a trial violates only when its loss is also worse beyond the baseline
+            repeats' run-to-run spread (`objective.loss_check`: one-sided t-test at 1 %).
         max_peak_mem_bytes: When set, a trial whose peak memory (any rank; RSS on CPU)
             exceeds it violates a constraint.
         space_spec: Dimension overrides (`space.parse_space` / `space.load_space_file`).
@@ -374,6 +403,8 @@ def tune(
         raise invalid("confirm_top", "an integer >= 0", confirm_top)
     if confirm_pairs < 1:
         raise invalid("confirm_pairs", "an integer >= 1", confirm_pairs)
+    if ablation_pairs is not None and ablation_pairs < 0:
+        raise invalid("ablation_pairs", "an integer >= 0", ablation_pairs)
     if not loss_tolerance > 0:
         raise invalid("loss_tolerance", "a number > 0", loss_tolerance)
     if max_peak_mem_bytes is not None and (isinstance(max_peak_mem_bytes, bool)
@@ -427,6 +458,29 @@ def tune(
             watch.finish()  # every index, so later trials are compared at any step
         return run
 
+    def paired(a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int) -> PairedRuns:
+        """A and B interleaved (A B A B ...): B / A throughput per pair (A is the baseline side)."""
+        ratios, dirs, failures = [], [], []
+        for i in range(pairs):
+            a = launch(a_config, where, f"{name}-{i}-A")
+            if on_run:
+                on_run(f"{where}-A", a)
+            b = launch(b_config, where, f"{name}-{i}-B") if a.status != "interrupted" else a
+            if on_run and b is not a:
+                on_run(f"{where}-B", b)
+            dirs.append((a.run_dir, b.run_dir))
+            if "interrupted" in (a.status, b.status):
+                return PairedRuns(ratios=tuple(ratios), run_dirs=tuple(dirs), failures=tuple(failures),
+                                  interrupted=True)
+            if a.samples_s and b.samples_s and _unit_of(a) == _unit_of(b) == unit:
+                ratios.append(b.samples_s / a.samples_s)
+            elif a.samples_s and b.samples_s:
+                failures.append(f"pair {i}: the runs measured {_unit_of(a)} and {_unit_of(b)}, the study {unit}")
+            else:
+                failures.append(f"pair {i}: " + "; ".join(
+                    f"{role} {r.failure_reason}" for role, r in (("A", a), ("B", b)) if r.state != "COMPLETE"))
+        return PairedRuns(ratios=tuple(ratios), run_dirs=tuple(dirs), failures=tuple(failures))
+
     # -- baseline ------------------------------------------------------------------------
     stored = study.user_attrs.get("baseline")
     if stored is None:
@@ -458,12 +512,17 @@ def tune(
             "samples_s": [r.samples_s for r in good],
             "run_dirs": [r.run_dir for r in runs],
             "loss": {str(int(k)): float(v) for k, v in loss.items()},
+            # Each repeat's own curve: their spread calibrates the loss guard.
+            "loss_runs": [{str(int(k)): float(v) for k, v in r.measurement.loss.items()} for r in good],
             "max_microbatches": max(micro) if micro else None,
         }
         study.set_user_attr("baseline", stored)
     baseline = _baseline_stats(stored)
     unit = baseline.unit
     baseline_loss = pd.Series({int(k): v for k, v in stored["loss"].items()}, dtype=float)
+    # A study stored before the per-repeat curves were kept: the mean curve alone (no spread).
+    baseline_losses = [pd.Series({int(k): v for k, v in run.items()}, dtype=float)
+                       for run in stored.get("loss_runs", [stored["loss"]])]
     if "loss" in objectives and baseline_loss.empty:
         raise invalid("objectives", "('throughput',) when the baseline records no loss "
                       "(its script must call backward on a scalar loss)", objectives)
@@ -480,6 +539,14 @@ def tune(
     )
     _seed_study(study, space, stored["run_dirs"], initial_params, comm_model=comm_model,
                 reference_bench=reference_bench)
+    baseline_data = [run_fingerprints(d) for d in baseline.run_dirs if Path(d).is_dir()]
+    trial0 = space.baseline_params()
+    allow_batch_changes = bool((space_options or {}).get("allow_batch_changes"))
+
+    def data_guard(run: MeasuredRun, params: Mapping[str, Any]) -> DataCheck:
+        changed = {k: v for k, v in params.items() if k not in trial0 or trial0[k] != v}
+        return check_data(run_fingerprints(run.run_dir), baseline_data, changed=changed,
+                          allow_batch_changes=allow_batch_changes)
 
     # -- search --------------------------------------------------------------------------
     def finished() -> int:
@@ -494,9 +561,13 @@ def tune(
             break
         trial = study.ask()
         trial.set_user_attr("tuner", tuner)  # a resuming or peer tuner tells live trials from stale ones
+        # Knobs that changed the data in an earlier trial (of any tuner) are searched no more.
+        excluded = {k: f"trial {v['trial']} changed the data: {v['reason']}"
+                    for k, v in (study.user_attrs.get("data_guard") or {}).items()}
         try:
-            interrupted = _run_trial(study, trial, space, run_config, launch, baseline_loss, objectives=objectives,
-                                     loss_tolerance=loss_tolerance, max_peak_mem_bytes=max_peak_mem_bytes, unit=unit)
+            interrupted = _run_trial(study, trial, space.without(excluded), run_config, launch, baseline_loss,
+                                     baseline_losses, objectives=objectives, loss_tolerance=loss_tolerance,
+                                     max_peak_mem_bytes=max_peak_mem_bytes, unit=unit, data_guard=data_guard)
         except KeyboardInterrupt:
             # Ctrl-C between runs (during a run the supervisor turns it into "interrupted"):
             # the asked trial must not stay RUNNING, and the results are still written.
@@ -511,8 +582,8 @@ def tune(
     # -- confirmation --------------------------------------------------------------------
     confirmations: list[Confirmation] = []
     confirm_notes: list[str] = []
+    rng = np.random.default_rng(seed)
     if not interrupted and confirm_top > 0:
-        rng = np.random.default_rng(seed)
         base_dict = run_config.to_dict()
         seen: set[str] = set()
         candidates = []
@@ -536,35 +607,38 @@ def tune(
             if len(candidates) == confirm_top:
                 break
         for cand in candidates:
-            config = space.to_config(run_config, cand.params)
-            ratios, dirs, failures = [], [], []
-            for i in range(confirm_pairs):
-                a = launch(run_config, "confirm", f"{cand.number:04d}-{i}-A")
-                if on_run:
-                    on_run("confirm-A", a)
-                b = launch(config, "confirm", f"{cand.number:04d}-{i}-B") if a.status != "interrupted" else a
-                if on_run and b is not a:
-                    on_run("confirm-B", b)
-                dirs.append((a.run_dir, b.run_dir))
-                if "interrupted" in (a.status, b.status):
-                    interrupted = True
-                    break
-                if a.samples_s and b.samples_s and _unit_of(a) == _unit_of(b) == unit:
-                    ratios.append(b.samples_s / a.samples_s)
-                elif a.samples_s and b.samples_s:
-                    failures.append(f"pair {i}: the runs measured {_unit_of(a)} and {_unit_of(b)}, the study {unit}")
-                else:
-                    failures.append(f"pair {i}: " + "; ".join(
-                        f"{role} {r.failure_reason}" for role, r in (("baseline", a), ("candidate", b))
-                        if r.state != "COMPLETE"))
-            confirmations.append(_confirmation(cand, ratios, dirs, failures, baseline.noise_rel, rng))
-            if interrupted:
+            runs = paired(run_config, space.to_config(run_config, cand.params), "confirm", f"{cand.number:04d}",
+                          confirm_pairs)
+            confirmations.append(_confirmation(cand, runs, baseline.noise_rel, rng))
+            if runs.interrupted:
+                interrupted = True
                 break
 
-    # -- results -------------------------------------------------------------------------
+    # -- ablation: the winner's changes that earn its speedup ------------------------------
     winners = [c for c in confirmations if c.better]
     best = max(winners, key=lambda c: c.speedup) if winners else None
+    ablation: Ablation | None = None
+    pairs = confirm_pairs if ablation_pairs is None else ablation_pairs
+    if best is not None and not interrupted and pairs > 0:
+        reverted = space.normalize(space.baseline_params())
+
+        def config_of(params: Mapping[str, Any]) -> RunConfig:
+            # Every change reverted is the user's configuration itself (not trial 0's spelled-out defaults).
+            return run_config if dict(params) == reverted else space.to_config(run_config, params)
+
+        def measure(a: Mapping[str, Any], b: Mapping[str, Any], name: str) -> PairedRuns:
+            return paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs)
+
+        ablation = ablate(best.params, space.baseline_params(), trial_number=best.trial_number, space=space,
+                          measure=measure, noise_rel=baseline.noise_rel, rng=rng)
+        interrupted = ablation.interrupted
+
+    # -- results -------------------------------------------------------------------------
     best_params = dict(best.params) if best else {}
+    best_speedup, best_ci = (best.speedup, (best.ci_low, best.ci_high)) if best else (None, None)
+    if ablation is not None and ablation.better:
+        best_params = dict(ablation.params)
+        best_speedup, best_ci = ablation.speedup, (ablation.ci_low, ablation.ci_high)
     best_config = space.to_config(base_config, best_params) if best else base_config
     result = TuneResult(
         study_name=study_name,
@@ -575,14 +649,16 @@ def tune(
         confirmations=tuple(confirmations),
         best_trial=best.trial_number if best else None,
         best_params=best_params,
-        best_speedup=best.speedup if best else None,
-        best_ci=(best.ci_low, best.ci_high) if best else None,
+        best_speedup=best_speedup,
+        best_ci=best_ci,
         best_config=best_config,
         interrupted=interrupted,
         files={name: str(root / name) for name in ("best.toml", "trials.csv", "trials.parquet", "result.json")},
         objectives=objectives,
         pareto=pareto,
         confirmation_notes=tuple(confirm_notes),
+        data_guard=dict(study.user_attrs.get("data_guard") or {}),
+        ablation=ablation,
     )
     write_text_atomic(root / "best.toml", dump_toml(best_config))
     _write_trials_csv(root / "trials.csv", trials)
@@ -739,10 +815,15 @@ def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, perc
     return optuna_pruner, (float(percentile) if name == "percentile" else 50.0)
 
 
-def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series, *,
-               objectives: tuple[str, ...], loss_tolerance: float, max_peak_mem_bytes: int | None,
-               unit: str = "samples/s") -> bool:
-    """Suggest, launch, measure and tell one trial; True when the run was interrupted."""
+def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series,
+               baseline_losses: Sequence[pd.Series], *, objectives: tuple[str, ...], loss_tolerance: float,
+               max_peak_mem_bytes: int | None, unit: str = "samples/s",
+               data_guard: Callable[[MeasuredRun, Mapping[str, Any]], DataCheck]) -> bool:
+    """Suggest, launch, measure and tell one trial; True when the run was interrupted.
+
+    A trial whose data differs from the baseline's (`dataguard.check_data`) is a FAIL, and the
+    knob that caused it is recorded in the study's user attr "data_guard" (knob -> trial, reason).
+    """
     from optuna.trial import TrialState
 
     params = space.suggest(trial)
@@ -772,6 +853,17 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
                             f"{m.throughput.unit} (count tokens on every step of every run, or never)")
         study.tell(trial, state=TrialState.FAIL)
         return False
+    data = data_guard(run, params)
+    trial.set_user_attr("data_check", {"ok": data.ok, "reason": data.reason, "knob": data.knob,
+                                       "notes": list(data.notes)})
+    if not data.ok:
+        trial.set_user_attr("failure_reason", data.reason)
+        if data.knob is not None:
+            guard = dict(study.user_attrs.get("data_guard") or {})
+            guard.setdefault(data.knob, {"trial": trial.number, "reason": data.reason})
+            study.set_user_attr("data_guard", guard)
+        study.tell(trial, state=TrialState.FAIL)
+        return False
     trial.set_user_attr("iqr_samples_s", m.throughput.iqr_samples_s)
     trial.set_user_attr("peak_mem_bytes", m.peak_mem_bytes)
     dev = loss_deviation(m.loss, baseline_loss)
@@ -782,8 +874,11 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
             trial.set_user_attr("failure_reason", "no_loss: the trial read no loss at the baseline's loss steps")
             study.tell(trial, state=TrialState.FAIL)
             return False
+    check = loss_check(m.loss, baseline_losses, tolerance=loss_tolerance)
+    if check is not None:
+        trial.set_user_attr("loss_check", check.to_dict())
     constraints = trial_constraints(
-        loss_deviation=dev, lossy=params.get("compression.method", "none") != "none", loss_tolerance=loss_tolerance,
+        loss=check, lossy=params.get("compression.method", "none") != "none",
         peak_mem_bytes=m.peak_mem_bytes, max_peak_mem_bytes=max_peak_mem_bytes)
     for name, value in constraints.items():
         trial.set_constraint(name, value)
@@ -808,6 +903,9 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
     values = [float(v) for v in stored["samples_s"]]
     median = float(np.median(values))
     noise = (max(values) - min(values)) / median if median > 0 else 0.0
+    runs = [pd.Series({int(k): v for k, v in run.items()}, dtype=float) for run in stored.get("loss_runs", ())]
+    # The spread of the repeats' own mean losses: a trial identical to one repeat is checked against the others.
+    spread = loss_check(runs[0], runs, tolerance=1.0) if len(runs) >= 2 else None
     return BaselineStats(
         samples_s=tuple(values),
         median_samples_s=median,
@@ -815,6 +913,7 @@ def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:
         run_dirs=tuple(stored["run_dirs"]),
         max_microbatches=stored.get("max_microbatches"),
         unit=str(stored.get("unit", "samples/s")),
+        loss_noise_rel=spread.noise_rel if spread is not None else None,
     )
 
 
@@ -893,6 +992,7 @@ def _trial_result(t) -> TrialResult:
         samples_s=t.values[0] if complete else None,  # throughput is always the first objective
         iqr_samples_s=ua.get("iqr_samples_s"),
         loss_deviation=ua.get("loss_deviation"),
+        loss_check=ua.get("loss_check"),
         constraint_status=status,
         constraints=constraints,
         failure_reason=ua.get("failure_reason", ""),
@@ -916,22 +1016,11 @@ def _report(study, number: int, on_trial: Callable[[TrialResult], None] | None) 
         on_trial(_trial_result(study.trials[number]))
 
 
-def _confirmation(cand: TrialResult, ratios: list[float], dirs: list[tuple[str, str]], failures: list[str],
-                  noise_rel: float, rng: np.random.Generator) -> Confirmation:
-    if not ratios:
-        return Confirmation(trial_number=cand.number, params=cand.params, ratios=(), speedup=None, ci_low=None,
-                            ci_high=None, better=False, run_dirs=tuple(dirs), failures=tuple(failures))
-    r = np.asarray(ratios, dtype=float)
-    speedup = float(np.median(r))
-    # Percentile bootstrap of the median ratio; with few pairs it is coarse (and honest:
-    # with 3 pairs the CI spans the observed ratios).
-    idx = rng.integers(0, r.size, size=(_BOOTSTRAP_RESAMPLES, r.size))
-    medians = np.median(r[idx], axis=1)
-    ci_low, ci_high = (float(x) for x in np.quantile(medians, [0.025, 0.975]))
-    better = ci_low > 1.0 and speedup - 1.0 > noise_rel
-    return Confirmation(trial_number=cand.number, params=cand.params, ratios=tuple(ratios), speedup=speedup,
-                        ci_low=ci_low, ci_high=ci_high, better=better, run_dirs=tuple(dirs),
-                        failures=tuple(failures))
+def _confirmation(cand: TrialResult, runs: PairedRuns, noise_rel: float, rng: np.random.Generator) -> Confirmation:
+    speedup, ci_low, ci_high, better = paired_stats(runs.ratios, noise_rel=noise_rel, rng=rng)
+    return Confirmation(trial_number=cand.number, params=cand.params, ratios=runs.ratios, speedup=speedup,
+                        ci_low=ci_low, ci_high=ci_high, better=better, run_dirs=runs.run_dirs,
+                        failures=runs.failures)
 
 
 _CSV_COLUMNS = ("number", "state", "params", "objective_samples_s", "iqr_samples_s", "loss_deviation",

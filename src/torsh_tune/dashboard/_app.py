@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, quote
 from ..analysis import RunAnalysis
 from ..reports import (ALERT_COLUMNS, alert_cells, build_report_info, fmt_bytes, fmt_loss_deviation, fmt_s,
                        fmt_samples_s, fmt_value, gain_text, patch_to_toml)
+from ..reports._tuning_markdown import ABLATION_COLUMNS, ablation_table
 from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES, params_text, varying_params
 from ._security import RunNotFound, check_token, install_guard, not_found_response
 from ._store import RunRow, RunStore, status_class
@@ -524,6 +525,11 @@ def _tuning_body(view: TuningView) -> Any:
     ]
     if info.confirmations:
         out += [html.H3("Baseline vs best: confirmation"), graph("confirmation"), _confirmation_table(info)]
+    if info.ablation:  # the winner's changes that earn its speedup, each with its share
+        out += [html.H3("Minimal configuration (ablation)"), html.Table(
+            className="trials", id="ablation-table",
+            children=[html.Thead(html.Tr([html.Th(c) for c in ABLATION_COLUMNS])),
+                      html.Tbody([html.Tr([html.Td(c) for c in row]) for row in ablation_table(info)])])]
     out += [html.H3("Search"),
             html.Div([graph(k) for k in TUNING_FIGURE_TITLES if k in view.figures], className="figs"),
             html.H3(f"Trials ({len(info.trials)})"), _trials_table(info)]

@@ -75,7 +75,7 @@ class TuningInfo(JsonDocument):
         generated_at: ISO-8601 UTC time it was built.
         study: study_dir, study_name, storage, status ("finished", "interrupted" or
             "running"), source ("result.json", "storage", "trials.parquet", "trials.csv" or
-            "none"), objectives, loss_tolerance (recovered from the trials' loss constraint,
+            "none"), objectives, loss_tolerance (from the trials' loss_check or loss constraint,
             None when no trial shows it) and counts (trials, complete, feasible, violated,
             failed, pruned, running).
         baseline: the user's configuration measured `baseline_repeats` times: samples_s (each
@@ -86,7 +86,9 @@ class TuningInfo(JsonDocument):
         params: every parameter name the trials carry, sorted.
         trials: one row per trial in number order: number, state, role, params, samples_s
             (the objective; None unless COMPLETE), vs_baseline (samples_s / baseline median),
-            iqr_samples_s, loss_deviation, constraint_status ("feasible", "violated", ""),
+            iqr_samples_s, loss_deviation, loss_check (the noise-calibrated loss guard's test:
+            delta_rel, threshold_rel, margin_rel, noise_rel, t_stat, ...; None when no loss
+            was comparable), constraint_status ("feasible", "violated", ""),
             constraints, failure_reason, peak_mem_bytes, intermediate_samples_s (measured-step
             index -> running median throughput), run_dir, on_pareto, confirmation (the
             trial's paired speedup, None when it was not confirmed).
@@ -101,7 +103,13 @@ class TuningInfo(JsonDocument):
         confirmations: per confirmed candidate: trial, params, pairs, ratios, speedup,
             ci_low, ci_high, better, verdict, failures, run_dirs ([baseline, candidate] per pair).
         best: trial, params, speedup, ci_low, ci_high of the confirmed best (trial None when
-            nothing was confirmed faster: best.toml is then the user's configuration).
+            nothing was confirmed faster: best.toml is then the user's configuration); after
+            an ablation whose minimal configuration was confirmed, its params and re-check.
+        ablation: the confirmed winner reduced to the changes that earn its speedup
+            (`autotune.ablation`): trial, rounded (name -> [found, rounded]), knobs (one per
+            changed knob in test order: knob, value, reverted_to, kept, ratio, ci_low, ci_high,
+            share, share_ci, verdict, pairs, run_dirs), params (the minimal set), speedup,
+            ci_low, ci_high, better, pairs, run_dirs (its re-check), notes; None without one.
         verdict: confirmed (bool), title, text.
         summary: the main job's `summary.json` (the ToRSh migration checks in `migration`,
             the baseline profile, the recommendations it tested, the commands to reproduce),
@@ -120,6 +128,7 @@ class TuningInfo(JsonDocument):
     pareto: tuple[dict[str, Any], ...] = ()
     confirmations: tuple[dict[str, Any], ...] = ()
     best: dict[str, Any] = field(default_factory=dict)
+    ablation: dict[str, Any] | None = None
     verdict: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     warnings: tuple[str, ...] = ()
@@ -213,6 +222,10 @@ def get_tuning_info(
         summary = _read_summary(root, result_path, warnings)
     best_trial = doc.get("best_trial") if source == "result.json" else None
     best_conf = next((c for c in confirmations if c["trial"] == best_trial), None)
+    ablation = _ablation_row(doc.get("ablation"), locate) if source == "result.json" else None
+    if best_conf is not None and ablation is not None and ablation["better"]:
+        best_conf = {**best_conf, "params": ablation["params"], "pairs": ablation["pairs"],
+                     **{k: ablation[k] for k in ("speedup", "ci_low", "ci_high")}}
     info = TuningInfo(
         generated_at=generated_at or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         study={
@@ -237,7 +250,8 @@ def get_tuning_info(
               "speedup": best_conf["speedup"] if best_conf else None,
               "ci_low": best_conf["ci_low"] if best_conf else None,
               "ci_high": best_conf["ci_high"] if best_conf else None},
-        verdict=_verdict(status, trials, baseline, confirmations, best_conf),
+        ablation=ablation,
+        verdict=_verdict(status, trials, baseline, confirmations, best_conf, ablation),
         summary=dict(summary) if summary is not None else None,
         warnings=tuple(warnings),
     )
@@ -312,6 +326,7 @@ def _frozen_trial(t: Any) -> dict[str, Any]:
         "samples_s": t.values[0] if complete and t.values else None,
         "iqr_samples_s": ua.get("iqr_samples_s"),
         "loss_deviation": ua.get("loss_deviation"),
+        "loss_check": ua.get("loss_check"),
         "constraint_status": ("" if not complete else
                               "feasible" if all(v <= 0 for v in constraints.values()) else "violated"),
         "constraints": constraints,
@@ -387,6 +402,7 @@ def _trial_row(t: Mapping[str, Any], locate: _Locator) -> dict[str, Any]:
         "vs_baseline": None,
         "iqr_samples_s": _num(t.get("iqr_samples_s")),
         "loss_deviation": _num(t.get("loss_deviation")),
+        "loss_check": dict(t["loss_check"]) if t.get("loss_check") else None,
         "constraint_status": str(t.get("constraint_status") or ""),
         "constraints": {str(k): float(v) for k, v in (t.get("constraints") or {}).items()},
         "failure_reason": str(t.get("failure_reason") or ""),
@@ -445,6 +461,25 @@ def _confirmation_row(c: Mapping[str, Any], locate: _Locator) -> dict[str, Any]:
     }
 
 
+def _ablation_row(a: Mapping[str, Any] | None, locate: _Locator) -> dict[str, Any] | None:
+    if not a:
+        return None
+    knobs = [{
+        "knob": str(e["knob"]), "value": e.get("value"), "reverted_to": e.get("reverted_to"), "kept": bool(e["kept"]),
+        "ratio": _num(e.get("ratio")), "ci_low": _num(e.get("ci_low")), "ci_high": _num(e.get("ci_high")),
+        "share": _num(e.get("share")), "share_ci": [float(x) for x in e["share_ci"]] if e.get("share_ci") else None,
+        "verdict": str(e.get("verdict") or ""), "pairs": len(e.get("ratios") or []),
+        "run_dirs": [[locate(x), locate(y)] for x, y in e.get("run_dirs") or []],
+    } for e in a.get("effects") or []]
+    return {
+        "trial": int(a["trial_number"]), "rounded": {str(k): list(v) for k, v in (a.get("rounded") or {}).items()},
+        "knobs": knobs, "params": dict(a.get("params") or {}), "speedup": _num(a.get("speedup")),
+        "ci_low": _num(a.get("ci_low")), "ci_high": _num(a.get("ci_high")), "better": bool(a.get("better")),
+        "pairs": len(a.get("run_dirs") or []), "run_dirs": [[locate(x), locate(y)] for x, y in a.get("run_dirs") or []],
+        "notes": [str(n) for n in a.get("notes") or []],
+    }
+
+
 def _counts(trials: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     states = [t["state"] for t in trials]
     return {
@@ -460,7 +495,10 @@ def _counts(trials: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def _loss_tolerance(trials: Sequence[Mapping[str, Any]]) -> float | None:
-    # The loss constraint is `loss_deviation - loss_tolerance` (autotune.objective.trial_constraints).
+    for t in trials:
+        if t.get("loss_check"):
+            return float(t["loss_check"]["tolerance_rel"])
+    # Studies recorded before the noise-calibrated guard: the constraint was `loss_deviation - loss_tolerance`.
     for t in trials:
         dev, c = t.get("loss_deviation"), t["constraints"].get("loss_deviation")
         if dev is not None and c is not None:
@@ -484,10 +522,16 @@ def _history(trials: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _verdict(status: str, trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any] | None,
-             confirmations: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | None) -> dict[str, Any]:
+             confirmations: Sequence[Mapping[str, Any]], best: Mapping[str, Any] | None,
+             ablation: Mapping[str, Any] | None = None) -> dict[str, Any]:
     if best is not None:
+        what = f"Trial {best['trial']}"
+        if ablation is not None and ablation["better"]:
+            kept = [k["knob"] for k in ablation["knobs"] if k["kept"]]
+            what = (f"Trial {best['trial']} reduced to the {len(kept)} of its {len(ablation['knobs'])} change(s) that "
+                    f"earn its speedup ({', '.join(kept) or 'none'})")
         return {"confirmed": True, "title": f"Confirmed speedup {best['speedup']:.3f}x",
-                "text": f"Trial {best['trial']} ran {best['speedup']:.3f}x the baseline's throughput (95 % CI "
+                "text": f"{what} ran {best['speedup']:.3f}x the baseline's throughput (95 % CI "
                         f"{best['ci_low']:.3f}–{best['ci_high']:.3f}) over {best['pairs']} interleaved pair(s); "
                         f"{_noise(baseline)}. It is in `best.toml`."}
     if status == "running":

@@ -15,7 +15,8 @@ from ._format import fmt_bytes, fmt_loss_deviation, fmt_samples_s, migration_cel
 from ._html import _CSS, _e
 from ._json import _write_atomic
 from ._tuning import TuningInfo
-from ._tuning_markdown import STUDY_FILES, _params_text, _status_text, _title, _varying
+from ._tuning_markdown import (ABLATION_COLUMNS, STUDY_FILES, _params_text, _status_text, _title, _varying,
+                               ablation_table, loss_cell)
 
 __all__ = ["render_tuning_html", "write_tuning_html"]
 
@@ -56,6 +57,7 @@ def render_tuning_html(info: TuningInfo, *, figures: bool = True) -> str:
     parts.append(f'<div class="card verdict" style="border-left-color:{color}"><h2 style="border:0;margin:4px 0">'
                  f"{_e(info.verdict.get('title'))}</h2><p>{_e(info.verdict.get('text'))}</p></div>")
     parts += _baseline_and_best(info)
+    parts += _ablation(info)
     parts += _confirmations(info)
     parts += _profile(s)
     parts += _search(info, figs)
@@ -70,6 +72,25 @@ def render_tuning_html(info: TuningInfo, *, figures: bool = True) -> str:
                  f"{info.schema_version}).</footer>")
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _ablation(info: TuningInfo) -> list[str]:
+    a = info.ablation
+    if not a:
+        return []
+    out = ["<h2>Minimal configuration (ablation)</h2>",
+           f"<p>Each change of trial {a['trial']} was reverted to the baseline's value and run against the "
+           "configuration with it, interleaved; a change is kept only when its removal costs speed beyond the noise. "
+           "A kept change's share is ln(its speedup) / ln(the total).</p>",
+           "<table><tr>" + "".join(f"<th>{_e(c)}</th>" for c in ABLATION_COLUMNS) + "</tr>"]
+    for row in ablation_table(info):
+        out.append('<tr class="ablation">' + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    out.append("</table>")
+    if a["speedup"] is not None:
+        out.append(f"<p>The minimal configuration against the baseline: {a['speedup']:.3f}x (95 % CI "
+                   f"{a['ci_low']:.3f}–{a['ci_high']:.3f}) over {a['pairs']} pair(s)"
+                   f"{', confirmed faster: it is best.toml' if a['better'] else ', not confirmed faster'}.</p>")
+    return out + [f"<p>{_e(n)}</p>" for n in a["notes"]]
 
 
 def _figures(info: TuningInfo) -> dict[str, str]:
@@ -226,7 +247,7 @@ def _trials(info: TuningInfo) -> list[str]:
     best = dict(zip(info.history.get("number", []), info.history.get("best_samples_s", [])))
     out = ['<h2 id="trials">Trials</h2>',
            f"<table><tr><th>trial</th><th>state</th><th>role</th><th>{unit}</th><th>vs baseline</th>"
-           "<th>best so far</th><th>loss deviation</th><th>peak memory</th><th>constraints</th>"
+           "<th>best so far</th><th>loss vs baseline (limit)</th><th>peak memory</th><th>constraints</th>"
            "<th>parameters / reason</th></tr>"]
     for t in info.trials:
         vs = f"{t['vs_baseline']:.2f}x" if t["vs_baseline"] is not None else "–"
@@ -239,7 +260,7 @@ def _trials(info: TuningInfo) -> list[str]:
                    f"<td>{_e(t['state'])}</td><td>{_e(t['role'] or 'sampler')}</td>"
                    f"<td class=num>{_e(fmt_samples_s(t['samples_s'], unit))}</td><td class=num>{vs}</td>"
                    f"<td class=num>{_e(fmt_samples_s(best.get(t['number']), unit))}</td>"
-                   f"<td class=num>{_e(fmt_loss_deviation(t['loss_deviation']))}</td><td class=num>{_e(mem)}</td>"
+                   f"<td class=num>{_e(loss_cell(t))}</td><td class=num>{_e(mem)}</td>"
                    f"<td>{_e(t['constraint_status'] or '–')}</td><td>{_e(what)}</td></tr>")
     return out + ["</table>"]
 

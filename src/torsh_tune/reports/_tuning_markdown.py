@@ -11,7 +11,7 @@ from ._format import fmt_bytes, fmt_loss_deviation, fmt_param, fmt_samples_s, mi
 from ._json import _write_atomic
 from ._tuning import TuningInfo
 
-__all__ = ["STUDY_FILES", "render_tuning_markdown", "write_tuning_markdown"]
+__all__ = ["ABLATION_COLUMNS", "STUDY_FILES", "ablation_table", "render_tuning_markdown", "write_tuning_markdown"]
 
 #: The study's own files a report lists (those that exist).
 STUDY_FILES = ("best.toml", "result.json", "trials.csv", "trials.parquet", "summary.json", "summary.md")
@@ -49,6 +49,7 @@ def render_tuning_markdown(info: TuningInfo, *, full: bool = True) -> str:
                 f"{_inline(_status_text(info))}", ""]
     out += [f"**{info.verdict.get('title')}.** {_inline(info.verdict.get('text', ''))}", ""]
     out += _baseline_and_best(info)
+    out += _ablation(info)
     out += _confirmations(info)
     out += _profile(s)
     out += _search(info, full=full)
@@ -111,6 +112,48 @@ def _baseline_and_best(info: TuningInfo) -> list[str]:
     return out
 
 
+#: Columns of `ablation_table`.
+ABLATION_COLUMNS = ("knob", "value", "baseline value", "speed with it (95 % CI)", "share of the speedup (95 % CI)",
+                    "verdict")
+
+
+def ablation_table(info: TuningInfo) -> list[tuple[str, ...]]:
+    """The ablation's rows as text cells (`ABLATION_COLUMNS`): kept knobs first, then the dropped ones."""
+    a = info.ablation
+    if not a:
+        return []
+    rows = []
+    for k in sorted(a["knobs"], key=lambda k: (not k["kept"], -(k["share"] or 0.0))):
+        speed = (f"{k['ratio']:.3f}x ({k['ci_low']:.3f}–{k['ci_high']:.3f})" if k["ratio"] is not None else "–")
+        share = (f"{100 * k['share']:.0f} % ({100 * k['share_ci'][0]:.0f}–{100 * k['share_ci'][1]:.0f} %)"
+                 if k["share"] is not None and k["share_ci"] else "–")
+        verdict = "kept" if k["kept"] else "dropped: no measurable effect"
+        rows.append((k["knob"], fmt_param(k["value"]), fmt_param(k["reverted_to"]), speed, share, verdict))
+    return rows
+
+
+def _ablation(info: TuningInfo) -> list[str]:
+    a = info.ablation
+    if not a:
+        return []
+    out = ["## Minimal configuration (ablation)", "",
+           f"Each change of trial {a['trial']} was reverted to the baseline's value and run against the configuration "
+           "with it, interleaved; a change is kept only when its removal costs speed beyond the noise. A kept "
+           "change's share is ln(its speedup) / ln(the total).", ""]
+    if a["rounded"]:
+        out += ["Rounded before the test: " + ", ".join(f"`{k}` {fmt_param(v[0])} → {fmt_param(v[1])}"
+                                                       for k, v in sorted(a["rounded"].items())) + ".", ""]
+    out += ["| " + " | ".join(ABLATION_COLUMNS) + " |", "|---|---|---|---:|---:|---|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in ablation_table(info)]
+    out.append("")
+    if a["speedup"] is not None:
+        verdict = "confirmed faster: it is `best.toml`" if a["better"] else "not confirmed faster"
+        out += [f"The minimal configuration against the baseline: {a['speedup']:.3f}x (95 % CI {a['ci_low']:.3f}–"
+                f"{a['ci_high']:.3f}) over {a['pairs']} pair(s), {verdict}.", ""]
+    out += [f"- {_inline(n)}" for n in a["notes"]]
+    return out + ([""] if a["notes"] else [])
+
+
 def _confirmations(info: TuningInfo) -> list[str]:
     if not info.confirmations:
         return []
@@ -169,17 +212,21 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
         if failures:
             out += ["", "Failed trials:", ""] + [f"- trial {t['number']}: {_inline(t['failure_reason'])}"
                                                  for t in failures]
+        worse = [t for t in info.trials if (t.get("loss_check") or {}).get("violated")]
+        if worse:
+            out += ["", "Trials whose loss is worse than the baseline's beyond its run-to-run noise:", ""]
+            out += [f"- trial {t['number']}: {loss_check_text(t['loss_check'])}" for t in worse]
         return out + ["", "Every trial, the figures, the parameter importances and the Pareto front are in the "
                       "full study report: `report.html` (and `report.md`).", ""]
     best = dict(zip(info.history.get("number", []), info.history.get("best_samples_s", [])))
     out += ["### Trials", "",
             f"Parameters shown are those that vary in this study; fixed ones: "
             f"{', '.join(f'`{p}`' for p in info.params if p not in varying) or 'none'}.", "",
-            f"| trial | state | role | {unit} | vs baseline | best so far | loss deviation | peak memory | "
+            f"| trial | state | role | {unit} | vs baseline | best so far | loss vs baseline (limit) | peak memory | "
             "constraints | parameters / reason |", "|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
     for t in info.trials:
         vs = f"{t['vs_baseline']:.2f}x" if t["vs_baseline"] is not None else "–"
-        dev = fmt_loss_deviation(t["loss_deviation"])
+        dev = loss_cell(t)
         mem = fmt_bytes(t["peak_mem_bytes"]) if t["peak_mem_bytes"] is not None else "–"
         what = _params_text(t["params"], varying)
         if t["failure_reason"]:
@@ -253,6 +300,23 @@ def _varying(info: TuningInfo) -> set[str]:
 
 def _params_text(params: Mapping[str, Any], names: set[str]) -> str:
     return ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(params.items()) if k in names) or "–"
+
+
+def loss_cell(t: Mapping[str, Any]) -> str:
+    """A trial's loss against the baseline and the loss guard's limit ('+0.41 % (≤ +2.9 %)')."""
+    c = t.get("loss_check")
+    if not c:
+        return fmt_loss_deviation(t.get("loss_deviation"))
+    return f"{100 * c['delta_rel']:+.2f} % (≤ +{100 * c['threshold_rel']:.2g} %)"
+
+
+def loss_check_text(c: Mapping[str, Any]) -> str:
+    """The loss guard's test in one line (`autotune.objective.LossCheck.describe`)."""
+    noise = ("no spread measured (one baseline repeat)" if c.get("noise_rel") is None else
+             f"baseline spread {100 * c['noise_rel']:.2g} % over {c['repeats']} repeats")
+    verdict = "worse beyond noise" if c.get("violated") else "within noise"
+    return (f"loss {100 * c['delta_rel']:+.2f} % vs baseline, limit +{100 * c['threshold_rel']:.2f} % "
+            f"({noise}, tolerance {100 * c['tolerance_rel']:g} %): {verdict}")
 
 
 def _inline(text: Any) -> str:

@@ -1,0 +1,110 @@
+"""The ablation on a real study of the data-bound example (2 ranks, gloo): the winner is reduced to its workers.
+
+Trial 1 is planted as a winner that changes three knobs: two DataLoader workers (what makes
+`examples/data_bound.py` faster: it waits on storage for every sample), a bucket cap with
+sixteen digits and fp16 gradient compression (passengers: lossy, for nothing). The ablation
+must keep the workers, drop the passengers as "no measurable effect", round the bucket cap,
+and write only the workers to best.toml. (18 runs: the lean end of what a real ablation is.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torsh_tune.autotune import TuneResult, build_space, tune
+from torsh_tune.autotune.ablation import PairedRuns, ablate, round_params
+from torsh_tune.config import RunConfig
+from torsh_tune.importers import load_config_file
+from torsh_tune.reports import get_tuning_info, render_tuning_markdown
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data_bound.py"
+ARGS = ["--read-ms", "6", "--image-size", "48", "--batch-size", "8", "--num-samples", "512", "--log-every", "1000"]
+BASE = RunConfig.from_dict({"launch": {"nproc_per_node": 2}, "budget": {"kill_grace_s": 2.0}})
+BUCKET = 60.91964802953841
+SPEC = {"ddp.first_bucket_cap_mb": {"value": 1.0}, "ddp.gradient_as_bucket_view": {"value": False},
+        "dataloader.num_workers": {"choices": [0, 2]}, "dataloader.prefetch_factor": {"value": 2},
+        "omp_num_threads": {"value": 1}, "compression.method": {"choices": ["none", "fp16"]}}
+WINNER = {"ddp.bucket_cap_mb": BUCKET, "ddp.static_graph": False, "dataloader.num_workers": 2,
+          "compression.method": "fp16"}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> tuple[Path, TuneResult]:
+    study_dir = tmp_path_factory.mktemp("ablation")
+    result = tune(EXAMPLE, ARGS, base_config=BASE, study_dir=study_dir, n_trials=2, baseline_repeats=2,
+                  confirm_top=1, confirm_pairs=1, ablation_pairs=2, sampler="random", seed=0, steps=6,
+                  warmup_steps=2, space_spec=SPEC, cpu_count=2, initial_params=[WINNER])
+    return study_dir, result
+
+
+@pytest.mark.slow
+def test_the_ablation_keeps_the_workers_and_drops_the_rest(study):
+    study_dir, result = study
+    assert result.trials[1].params["dataloader.num_workers"] == 2 and result.best_trial == 1
+    a = result.ablation
+    assert a is not None and a.trial_number == 1 and a.rounded == {"ddp.bucket_cap_mb": [BUCKET, 61.0]}
+    effects = {e.knob: e for e in a.effects}
+    # Lossy and risky knobs are tested first, the workers last (against the baseline's settings).
+    assert list(effects) == ["compression.method", "ddp.bucket_cap_mb", "dataloader.num_workers"]
+    workers = effects.pop("dataloader.num_workers")
+    assert workers.kept and workers.ratio > 1.3 and workers.ci_low > 1 and len(workers.ratios) == 2
+    for e in effects.values():
+        assert not e.kept and e.verdict.startswith("no measurable effect") and e.share is None
+    # The last test compared the minimal configuration with the baseline: it is the re-check.
+    assert a.better and a.run_dirs == workers.run_dirs and a.speedup == workers.ratio
+    assert workers.share == 1.0 and workers.share_ci == (1.0, 1.0)
+    assert result.best_params == a.params and a.params["dataloader.num_workers"] == 2
+    # Only the workers differ from trial 0 (the baseline's settings); prefetch_factor comes with them at its default.
+    changed = {k: v for k, v in a.params.items() if v != result.trials[0].params.get(k)}
+    assert changed == {"dataloader.num_workers": 2, "dataloader.prefetch_factor": 2}
+    assert result.best_speedup == a.speedup and result.best_ci == (a.ci_low, a.ci_high)
+    best = load_config_file(study_dir / "best.toml")
+    assert best.strategy.dataloader.num_workers == 2 and best.strategy.compression.method == "none"
+    assert best.strategy.ddp.bucket_cap_mb in (None, 25.0)
+    # Every ablation run is a normal run directory under ablation/.
+    assert all(Path(d).parent == study_dir / "ablation" for pair in workers.run_dirs for d in pair)
+
+
+@pytest.mark.slow
+def test_the_report_shows_each_knobs_share(study):
+    study_dir, result = study
+    info = get_tuning_info(study_dir)
+    assert info.ablation["better"] and info.best["speedup"] == result.best_speedup
+    assert info.verdict["text"].startswith("Trial 1 reduced to the 1 of its 3 change(s) that earn its speedup "
+                                           "(dataloader.num_workers)")
+    md = render_tuning_markdown(info, full=False)
+    assert "## Minimal configuration (ablation)" in md
+    assert "| dataloader.num_workers | 2 | 0 |" in md and "| 100 % (100–100 %) | kept |" in md
+    assert md.count("dropped: no measurable effect") == 2
+    assert "`ddp.bucket_cap_mb` 60.9 → 61" in md
+    json.dumps(info.to_dict(), allow_nan=False)
+
+
+def test_rounding_and_the_greedy_order_on_the_space():
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base = space.baseline_params()
+    winner = space.normalize({**base, "ddp.bucket_cap_mb": 60.91964802953841, "compression.method": "topk",
+                              "compression.ratio": 0.0123456, "dataloader.num_workers": 3,
+                              "dataloader.prefetch_factor": 4})
+    rounded = round_params(winner, space)
+    assert rounded["ddp.bucket_cap_mb"] == 61.0 and rounded["compression.ratio"] == 0.012
+    tested = []
+
+    def speed(params):  # a pure speed model: the workers make it 2x faster, nothing else counts
+        return 2.0 if params.get("dataloader.num_workers") else 1.0
+
+    def measure(a, b, name):
+        tested.append(name)
+        return PairedRuns(ratios=(speed(b) / speed(a),) * 3, run_dirs=((name, name),) * 3)
+
+    abl = ablate(winner, base, trial_number=7, space=space, measure=measure, noise_rel=0.05,
+                 rng=np.random.default_rng(0))
+    # The ratio went with the method it depends on; prefetch_factor is tested before the workers.
+    assert tested == ["compression.method", "ddp.bucket_cap_mb", "dataloader.prefetch_factor",
+                      "dataloader.num_workers"]
+    assert [e.knob for e in abl.effects if e.kept] == ["dataloader.num_workers"]
+    assert abl.params == space.normalize({**base, "dataloader.num_workers": 3})
