@@ -25,18 +25,9 @@ import torch.distributed as dist
 
 from ..config import DistEnv, dist_env
 from ..errors import invalid
-from .compression._base import _OrderedIssuer
+from .compression._base import _OrderedIssuer, all_gather_flat, reduce_scatter_flat
 
 __all__ = ["HierarchicalState", "NodeLayout", "hierarchical_all_reduce", "hierarchical_hook", "node_layout"]
-
-# torch >= 2.12 renamed the flat-tensor forms (the old names warn on every call); looked up at call
-# time, so that the profiler's c10d capture (installed after this import) sees the calls.
-def _ALL_GATHER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
-
-
-def _REDUCE_SCATTER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
-    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(*args, **kwargs)
 
 
 class NodeLayout(NamedTuple):
@@ -203,7 +194,7 @@ def _chain(first: torch.futures.Future, stages: list[_Stage], finish: Callable[[
 def _reduce_scatter(shard: torch.Tensor, full: torch.Tensor, state: HierarchicalState) -> torch.futures.Future:
     """Start the intra-node reduce-scatter of `full` into `shard`; a future completed once `shard` holds the sum."""
     if state.native_reduce_scatter and full.is_cuda:
-        return _REDUCE_SCATTER(shard, full, group=state.intra_group, async_op=True).get_future()
+        return reduce_scatter_flat(shard, full, group=state.intra_group, async_op=True).get_future()
     # gloo's reduce-scatter Work has no future ("Work::getFuture not implemented.", torch 2.13):
     # all-to-all the shards (the same bytes as a direct reduce-scatter) and sum the received
     # ones here, in local-rank order.
@@ -284,7 +275,7 @@ def _all_reduce_flat(flat: torch.Tensor, state: HierarchicalState) -> tuple[torc
         stages.append((state._cross_issuer, state._cross_issuer.reserve(),
                        lambda: dist.all_reduce(shard, group=state.cross_group, async_op=True).get_future()))
     stages.append((state._gather_issuer, state._gather_issuer.reserve(),
-                   lambda: _ALL_GATHER(full, shard, group=state.gather_group, async_op=True).get_future()))
+                   lambda: all_gather_flat(full, shard, group=state.gather_group, async_op=True).get_future()))
     try:
         first = _reduce_scatter(shard, full, state)
     except BaseException:

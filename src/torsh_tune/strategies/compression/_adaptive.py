@@ -36,18 +36,12 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ...errors import invalid
-from ._base import CompressionState, used_on_current_stream
+from ._base import CompressionState, all_gather_flat, used_on_current_stream
 from ._topk import select_topk
 
 __all__ = ["AdaptiveState", "adaptive_hook"]
-
-# torch >= 2.12 renamed the flat-tensor form (the old name warns on every call); looked up at call
-# time, so that the profiler's c10d capture (installed after this import) sees the calls.
-def _ALL_GATHER(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202, N802
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
 
 _EXTRAS = 2  # float32 values carried by every bucket: (loss, squared local gradient norm)
 _MAX_HISTORY = 1000  # ratio changes kept in stats (the count goes on)
@@ -247,7 +241,7 @@ def adaptive_hook(state, bucket):  # noqa: ANN001, ANN201
     out = torch.empty(ws * payload.numel(), dtype=torch.uint8, device=buf.device)
     state.add_time("compress_s", t0)
     state.start_call(bucket, payload.numel())
-    fut = _ALL_GATHER(out, payload, group=state.process_group, async_op=True).get_future()
+    fut = all_gather_flat(out, payload, group=state.process_group, async_op=True).get_future()
 
     def decompress(f):  # noqa: ANN001, ANN202
         f.value()  # re-raises a failed collective

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressionState", "used_on_current_stream"]
+__all__ = ["CompressionState", "all_gather_flat", "reduce_scatter_flat", "used_on_current_stream"]
 
 
 def used_on_current_stream(*tensors: torch.Tensor) -> None:
@@ -56,6 +56,18 @@ def _stream_point(device: torch.device) -> Any:
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return event
+
+
+# torch >= 2.12 renamed the flat-tensor collectives (the old names warn on every call). Looked up
+# at call time, so that the profiler's c10d capture (installed after these imports) sees the calls.
+def all_gather_flat(*args: Any, **kwargs: Any) -> Any:
+    """`all_gather_single` where torch has it, else `all_gather_into_tensor` (same arguments)."""
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
+
+
+def reduce_scatter_flat(*args: Any, **kwargs: Any) -> Any:
+    """`reduce_scatter_single` where torch has it, else `reduce_scatter_tensor` (same arguments)."""
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(*args, **kwargs)
 
 
 class _OrderedIssuer:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import invalid
-from ._base import CompressionState, used_on_current_stream
+from ._base import CompressionState, all_gather_flat, used_on_current_stream
 
 __all__ = ["TopKState", "topk_hook"]
 
@@ -69,7 +69,7 @@ def topk_hook(state, bucket):  # noqa: ANN001, ANN201
     out = torch.empty(ws * payload.numel(), dtype=torch.uint8, device=buf.device)
     state.add_time("compress_s", t0)
     state.start_call(bucket, payload.numel())
-    fut = dist.all_gather_into_tensor(out, payload, group=state.process_group, async_op=True).get_future()
+    fut = all_gather_flat(out, payload, group=state.process_group, async_op=True).get_future()
 
     def decompress(f):  # noqa: ANN001, ANN202
         f.value()  # re-raises a failed collective
