@@ -1,0 +1,33 @@
+"""A CollectiveCapture installed into torch.distributed for one test, torch's own functions given back after it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from torsh_tune.profiler import CollectiveCapture, StepTracker
+from torsh_tune.profiler.collectives import _SIZE_ARG
+
+
+@pytest.fixture
+def capture():
+    """(capture, tracker): every c10d collective of the test recorded into `tracker.comm_done`.
+
+    The test initialises its own process group; whatever is left of it is destroyed after the test.
+    """
+    names = [*_SIZE_ARG, "destroy_process_group"]
+    saved = {(module, name): getattr(module, name) for module in (c10d, dist) for name in names if hasattr(module, name)}
+    work_wait = torch._C._distributed_c10d.Work.wait
+    tracker = StepTracker(rank=0, writer=None, warmup_steps=0, loss_every=1)
+    cap = CollectiveCapture(tracker, rank=0)
+    cap.install()
+    try:
+        yield cap, tracker
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for (module, name), original in saved.items():
+            setattr(module, name, original)
+        torch._C._distributed_c10d.Work.wait = work_wait

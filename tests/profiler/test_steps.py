@@ -1,0 +1,329 @@
+"""StepTracker: a step's phases, samples and loss; closure optimizers; exposed communication by kind
+of collective; the device clock's bookkeeping (held until its events completed, host fallback).
+
+Times are chosen as exact binary fractions so that every expected value is exact. The device
+clock's events come from `_ScriptedEvents`, a `DeviceEvents` whose events carry scripted device
+times (CPU builds of torch have no timing events); the CUDA path itself runs in
+tests/profiler/test_device_clock.py where a GPU is lent.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from torsh_tune.profiler._device import DeviceEvents
+from torsh_tune.profiler.steps import StepTracker, _comm_times
+from torsh_tune.profiler.writer import RecordWriter, SharedFields
+from torsh_tune.rundir import RunDir
+
+from helpers import assert_record_schema
+
+ZERO_EXPOSED = {"forward_exposed_comm_s": 0.0, "backward_exposed_comm_s": 0.0, "optimizer_exposed_comm_s": 0.0}
+
+
+@pytest.fixture
+def run(tmp_path):
+    return RunDir(tmp_path / "run")
+
+
+@pytest.fixture
+def writer(run):
+    w = RecordWriter(run, 3, flush_interval_s=60)  # written when the test flushes
+    yield w
+    w.close()
+
+
+def _lines(run: RunDir, writer: RecordWriter, kind: str) -> list[dict]:
+    writer.flush()
+    path = run.rank_file(3, kind)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _tracker(writer, **kwargs) -> StepTracker:
+    options = {"rank": 3, "writer": writer, "warmup_steps": 1, "loss_every": 2, "peak_memory": lambda: 4096}
+    return StepTracker(**(options | kwargs))
+
+
+def _comm(t_issue, t_complete, *, issuer="user", async_op=False, blocked_s=0.0, hook=None, clock="host",
+          stream=None, step=0, seq=0, **extra) -> dict:
+    """A CommRecord as the c10d capture hands it to the tracker."""
+    shared = {"rank": 3, "bucket": -1, "collective": "all_reduce", "issuer": issuer, "async_op": async_op,
+              "clock": clock}
+    if hook is not None:
+        shared["hook"] = hook
+    if stream is not None:
+        shared["stream"] = stream
+    record = {"_s": SharedFields(shared), "step": step, "seq": seq, "bytes": 64, "wire_bytes": 64,
+              "t_issue": t_issue, "blocked_s": blocked_s, **extra}
+    if t_complete is not None:
+        record["t_complete"], record["duration_s"] = t_complete, t_complete - t_issue
+    return record
+
+
+# -- host clock ---------------------------------------------------------------------------
+def test_a_step_runs_from_the_previous_end_and_sums_its_phases(run, writer):
+    tracker = _tracker(writer)
+    assert tracker.wants_loss()  # step 0 of loss_every=2
+    tracker.on_data(10.0, 10.25, 8)
+    tracker.on_forward(10.25, 10.75, 8)
+    tracker.on_backward(10.75, 11.5, torch.tensor(0.5))
+    tracker.on_optimizer(11.5, 11.75)
+    tracker.on_optimizer(11.75, 12.0)  # a second optimizer in the same iteration: the same step
+    assert tracker.end_step(12.0) == 1
+    assert not tracker.wants_loss()
+    # Gradient accumulation before the forward is probed: micro-batches are the backwards, samples the loader's.
+    tracker.on_data(12.25, 12.5, 4)
+    tracker.on_backward(12.5, 13.0, None)
+    tracker.on_data(13.0, 13.25, 4)
+    tracker.on_backward(13.25, 13.5, None)
+    tracker.on_tokens(100)
+    tracker.on_optimizer(13.5, 14.0)
+    assert tracker.end_step(14.0) == 2
+    tracker.restart_clock(20.0)  # e.g. a trace export between the steps: not the next step's time
+    tracker.on_forward(20.5, 21.0, 2)
+    tracker.on_backward(21.0, 21.5, torch.tensor(0.25))
+    tracker.on_optimizer(21.5, 22.0)
+    assert tracker.end_step(22.0) == 3
+
+    steps = _lines(run, writer, "steps")
+    base = {"rank": 3, "comm_s": 0.0, "exposed_comm_s": 0.0, "peak_mem_bytes": 4096, "clock": "host", **ZERO_EXPOSED}
+    assert steps == [
+        base | {"step": 0, "t_start": 10.0, "t_end": 12.0, "step_s": 2.0, "data_s": 0.25, "forward_s": 0.5,
+                "backward_s": 0.75, "optimizer_s": 0.5, "samples": 8, "tokens": None, "num_microbatches": 1,
+                "loss": 0.5, "warmup": True},
+        base | {"step": 1, "t_start": 12.0, "t_end": 14.0, "step_s": 2.0, "data_s": 0.5, "forward_s": 0.0,
+                "backward_s": 0.75, "optimizer_s": 0.5, "samples": 8, "tokens": 100, "num_microbatches": 2,
+                "loss": None, "warmup": False},
+        base | {"step": 2, "t_start": 20.0, "t_end": 22.0, "step_s": 2.0, "data_s": 0.0, "forward_s": 0.5,
+                "backward_s": 0.5, "optimizer_s": 0.5, "samples": 2, "tokens": None, "num_microbatches": 1,
+                "loss": 0.25, "warmup": False},
+    ]
+    for record in steps:
+        assert_record_schema(record, "steps")
+
+
+def test_a_closure_optimizer_keeps_only_its_own_time(run, writer):
+    # Lightning's optimizer.step(closure): forward and backward run inside the optimizer step.
+    tracker = _tracker(writer)
+    tracker.on_data(11.75, 12.0, 4)
+    tracker.on_forward(12.25, 12.5, 4)
+    tracker.on_backward(12.5, 13.0, None)
+    tracker.on_forward(13.25, 13.5, 4)  # LBFGS evaluates the closure more than once
+    tracker.on_backward(13.5, 13.75, None)
+    tracker.on_optimizer(12.0, 14.0)
+    tracker.end_step(14.0)
+    (step,) = _lines(run, writer, "steps")
+    assert (step["step_s"], step["forward_s"], step["backward_s"]) == (2.25, 0.5, 0.75)
+    assert step["optimizer_s"] == 0.25 + 0.25 + 0.25  # 12-12.25, 13-13.25, 13.75-14
+
+
+def test_collectives_are_written_with_their_step_and_late_ones_alone(run, writer):
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.on_forward(10.0, 10.75, 4)
+    tracker.on_backward(10.75, 11.5, None)
+    assert tracker.next_comm() == (0, 0, 0)
+    assert tracker.next_comm() == (0, 1, 1)
+    # A synchronous call from 11.25, blocking 0.5 s: half in the backward, half in the optimizer step.
+    tracker.on_collective(_comm(11.25, 11.75, blocked_s=0.5, seq=0))
+    tracker.on_optimizer(11.5, 11.75)
+    # An async one completing after the step ended (its future's callback comes later).
+    tracker.end_step(11.75)
+    assert tracker.next_comm() == (1, 2, 0)  # seq runs on, the bucket index restarts per step
+    tracker.on_collective(_comm(11.5, 12.5, async_op=True, seq=1))
+    tracker.on_forward(12.0, 12.5, 4)
+    tracker.end_step(13.0)
+
+    step0, step1 = _lines(run, writer, "steps")
+    assert (step0["comm_s"], step0["exposed_comm_s"]) == (0.5, 0.5)
+    assert (step0["forward_exposed_comm_s"], step0["backward_exposed_comm_s"], step0["optimizer_exposed_comm_s"]) \
+        == (0.0, 0.25, 0.25)
+    assert (step1["comm_s"], step1["exposed_comm_s"]) == (0.0, 0.0)  # the late one is step 0's, written alone
+    comm = _lines(run, writer, "comm")
+    assert [(c["step"], c["seq"], c["t_issue"], c["duration_s"]) for c in comm] == [(0, 0, 11.25, 0.5), (0, 1, 11.5, 1.0)]
+    for record in comm:
+        assert_record_schema(record, "comm")
+
+
+def test_ddp_timer_steps_wait_for_the_next_step_and_take_the_reducers_record(run, writer):
+    calls = []
+
+    def step_comm(step, seq):  # what RankRuntime.ddp_step_comm returns from DDP's timers
+        calls.append((step, seq))
+        builtin = _comm(10.75 + step, 11.75 + step, issuer="ddp", async_op=True, hook="builtin", step=step, seq=seq)
+        return [builtin], 0.5
+
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.step_comm = step_comm
+    for i in range(2):
+        tracker.on_forward(10.0 + i, 10.5 + i, 2)
+        tracker.on_backward(10.5 + i, 10.75 + i, None)  # 0.25 s: caps the exposure of 0.5
+        tracker.next_comm()  # one collective of the step's own (seq 0, then seq 1)
+        tracker.on_optimizer(10.75 + i, 11.0 + i)
+        tracker.end_step(11.0 + i)
+        if i == 0:
+            assert _lines(run, writer, "steps") == [] and calls == []  # DDP reports at the next forward
+    assert [s["step"] for s in _lines(run, writer, "steps")] == [0]
+    assert calls == [(0, 2)]  # the builtin record takes the sequence number after the step's own
+    tracker.flush_pending()  # the last step: no later timers to read, written without them
+    step0, step1 = _lines(run, writer, "steps")
+    assert (step0["comm_s"], step0["exposed_comm_s"], step0["backward_exposed_comm_s"]) == (1.0, 0.25, 0.25)
+    assert (step1["comm_s"], step1["exposed_comm_s"]) == (0.0, 0.0) and calls == [(0, 2)]
+    assert [(c["step"], c["seq"], c["hook"]) for c in _lines(run, writer, "comm")] == [(0, 2, "builtin")]
+
+
+# -- exposed communication by kind ---------------------------------------------------------
+PHASES = [("forward", 10.0, 11.0), ("backward", 11.0, 12.0), ("optimizer", 12.25, 12.75)]
+
+
+def _step(**fields) -> dict:
+    return {"t_start": 10.0, "step_s": 3.0, "backward_s": 1.0, "clock": "host"} | fields
+
+
+def test_ddp_buckets_expose_what_runs_after_the_last_bucket_is_issued():
+    comm = [_comm(11.25, 11.75, issuer="ddp", async_op=True), _comm(11.5, 12.25, issuer="ddp", async_op=True)]
+    total, exposed, in_phase = _comm_times(comm, _step(), PHASES, 0.0)
+    assert (total, exposed, in_phase) == (1.0, 0.75, {"forward": 0.0, "backward": 0.75, "optimizer": 0.0})
+    # Never more than the backward it lies in.
+    total, exposed, in_phase = _comm_times(comm, _step(backward_s=0.5), PHASES, 0.0)
+    assert (exposed, in_phase["backward"]) == (0.5, 0.5)
+
+
+def test_the_reducers_builtin_record_counts_its_timers_exposure_only():
+    builtin = _comm(11.0, 12.5, issuer="ddp", async_op=True, hook="builtin")
+    assert _comm_times([builtin], _step(), PHASES, 0.25) == (1.5, 0.25, {"forward": 0.0, "backward": 0.25,
+                                                                          "optimizer": 0.0})
+
+
+def test_host_clock_collectives_expose_the_time_the_thread_blocked():
+    sync = _comm(10.75, 11.5, blocked_s=0.75)  # blocked from its issue: 0.25 forward, 0.5 backward
+    waited = _comm(11.0, 12.5, async_op=True, blocked_s=0.25)  # Work.wait() until completion: 12.25-12.5
+    never_waited = _comm(10.0, 12.0, async_op=True)  # a future chained by the script: overlapped
+    total, exposed, in_phase = _comm_times([sync, waited, never_waited], _step(), PHASES, 0.0)
+    assert (total, exposed) == (2.5, 1.0)
+    assert in_phase == {"forward": 0.25, "backward": 0.5, "optimizer": 0.25}
+    # What the step waited for is never more than the step.
+    assert _comm_times([_comm(10.0, 15.0, blocked_s=5.0)], _step(), PHASES, 0.0)[1] == 3.0
+    # A collective never seen complete counts for nothing.
+    assert _comm_times([_comm(10.0, None)], _step(), PHASES, 0.0) == (0.0, 0.0, dict.fromkeys(("forward", "backward",
+                                                                                                  "optimizer"), 0.0))
+
+
+def test_device_clock_collectives_block_only_synchronously_on_the_default_stream():
+    def device(stream, async_op, rel):
+        return _comm(10.5, None, async_op=async_op, clock="device", stream=stream, duration_s=rel[1] - rel[0],
+                     _rel_start=rel[0], _rel_end=rel[1])
+
+    sync_default = device("default", False, (1.5, 2.0))  # holds the compute stream: exposed
+    side = device("side", False, (0.25, 1.0))  # FSDP2's side stream: overlapped
+    async_default = device("default", True, (2.25, 2.5))
+    comm = [sync_default, side, async_default]
+    total, exposed, in_phase = _comm_times(comm, _step(clock="device"), PHASES, 0.0)
+    assert (total, exposed, in_phase) == (1.5, 0.5, {"forward": 0.0, "backward": 0.5, "optimizer": 0.0})
+    # Rewritten onto the step's device timeline, anchored at its host start.
+    assert [(c["t_start"], c["t_complete"]) for c in comm] == [(11.5, 12.0), (10.25, 11.0), (12.25, 12.5)]
+    assert not any("_rel_start" in c for c in comm)
+
+
+# -- device clock ---------------------------------------------------------------------------
+class _Event:
+    """A timing event with a scripted device time. As on a CUDA stream, the device reaches events in the
+    order they were recorded: completing one completes those before it; reading an unfinished one raises."""
+
+    def __init__(self, pool: "_ScriptedEvents", t: float) -> None:
+        self.pool, self.index, self.t = pool, len(pool.recorded), t
+        self.done, self.unreadable = False, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        for e in self.pool.recorded[: self.index + 1]:
+            e.done = True
+
+    def elapsed_time(self, end: "_Event") -> float:
+        if self.unreadable or end.unreadable:
+            raise RuntimeError("event recorded on another device")
+        if not (self.done and end.done):
+            raise RuntimeError("device not ready")
+        return (end.t - self.t) * 1000.0  # ms, as torch.cuda.Event
+
+
+class _ScriptedEvents(DeviceEvents):
+    def __init__(self) -> None:
+        super().__init__()
+        self.t = 0.0  # device time of the events recorded next
+        self.recorded: list[_Event] = []
+
+    def record(self) -> _Event:
+        self.recorded.append(_Event(self, self.t))
+        return self.recorded[-1]
+
+    def at(self, t: float) -> _Event:
+        self.t = t
+        return self.record()
+
+    def complete(self) -> None:
+        """The device caught up with everything recorded so far."""
+        self.recorded[-1].synchronize()
+
+
+def _device_step(tracker: StepTracker, ev: _ScriptedEvents, host0: float, dev0: float) -> dict:
+    """One step: host launch times 1/8 s per phase; device times from `dev0` (the device lags)."""
+    ev.t = dev0
+    tracker.on_data(host0, host0 + 0.5, 4)  # the step's start event: device time dev0
+    tracker.on_forward(host0 + 0.5, host0 + 0.625, 4, (ev.at(dev0 + 0.75), ev.at(dev0 + 1.0)))
+    tracker.on_backward(host0 + 0.625, host0 + 0.75, torch.tensor(3.0), (ev.at(dev0 + 1.0), ev.at(dev0 + 2.5)))
+    step, seq, _ = tracker.next_comm()
+    comm = _comm(host0 + 0.625, None, blocked_s=0.0625, clock="device", stream="default", step=step, seq=seq,
+                 _start=ev.at(dev0 + 1.25), _end=ev.at(dev0 + 2.0))
+    tracker.on_collective(comm)
+    tracker.on_optimizer(host0 + 0.75, host0 + 0.875, (ev.at(dev0 + 2.5), ev.at(dev0 + 2.75)))
+    ev.t = dev0 + 3.0
+    tracker.end_step(host0 + 1.0)
+    return comm
+
+
+def test_device_clock_steps_are_written_once_their_events_completed(run, writer):
+    tracker = _tracker(writer, warmup_steps=0, loss_every=1)
+    ev = tracker.device_events = _ScriptedEvents()
+    _device_step(tracker, ev, 10.0, 100.0)
+    assert _lines(run, writer, "steps") == []  # nothing waited for: the step is held
+    ev.complete()
+    _device_step(tracker, ev, 11.0, 103.0)  # step 1 starts on the device where step 0 ended
+    steps = _lines(run, writer, "steps")
+    assert [s["step"] for s in steps] == [0]
+    tracker.flush_pending()  # the end of the run waits for the events
+    steps = _lines(run, writer, "steps")
+    expected = {"clock": "device", "step_s": 3.0, "data_s": 0.75, "forward_s": 0.25, "backward_s": 1.5,
+                "optimizer_s": 0.25, "host_step_s": 1.0, "host_data_s": 0.5, "host_forward_s": 0.125,
+                "host_backward_s": 0.125, "host_optimizer_s": 0.125, "comm_s": 0.75, "exposed_comm_s": 0.75,
+                "forward_exposed_comm_s": 0.0, "backward_exposed_comm_s": 0.75, "optimizer_exposed_comm_s": 0.0,
+                "loss": 3.0}
+    for step, host0 in zip(steps, (10.0, 11.0)):
+        assert {k: step[k] for k in expected} == expected
+        assert (step["t_start"], step["t_end"]) == (host0, host0 + 1.0)
+        assert_record_schema(step, "steps")
+    comm = _lines(run, writer, "comm")
+    assert [(c["duration_s"], c["t_start"], c["t_complete"]) for c in comm] == [(0.75, 11.25, 12.0),
+                                                                               (0.75, 12.25, 13.0)]
+    assert tracker.device_errors == []
+
+
+def test_a_step_whose_events_cannot_be_read_stays_on_the_host_clock(run, writer):
+    tracker = _tracker(writer, warmup_steps=0, loss_every=1)
+    ev = tracker.device_events = _ScriptedEvents()
+    comm = _device_step(tracker, ev, 10.0, 100.0)
+    ev.recorded[1].unreadable = True  # the forward's start event
+    ev.complete()
+    tracker.flush_pending()
+    (step,) = _lines(run, writer, "steps")
+    assert step["clock"] == "host" and not any(k.startswith("host_") for k in step)
+    assert (step["step_s"], step["data_s"], step["forward_s"], step["backward_s"], step["optimizer_s"]) == \
+        (1.0, 0.5, 0.125, 0.125, 0.125)
+    assert (step["comm_s"], step["exposed_comm_s"], step["loss"]) == (0.0, 0.0, 3.0)
+    assert tracker.device_errors == ["step 0: event recorded on another device"]
+    (written,) = _lines(run, writer, "comm")
+    assert written["seq"] == comm["seq"] and "duration_s" not in written and "_start" not in written
