@@ -100,6 +100,11 @@ class ProfilerConfig:
                              "once the step completed: no sync).")
     system_interval_s: float = _f(1.0, "Seconds between system samples (CPU, RSS, NVML).")
     flush_interval_s: float = _f(1.0, "Records are flushed to disk at least this often.")
+    data_fingerprint: bool = _f(
+        False,
+        "Hash the samples each rank reads in the measured steps (meta.json data_fingerprint), for the tuner's "
+        "data-integrity guard; the tuner turns it on for its own runs (a few numpy operations per batch).",
+    )
     comm_hook_timing: bool = _f(
         False,
         "Route every DDP bucket through a Python all-reduce hook, so that each bucket's collective is captured "

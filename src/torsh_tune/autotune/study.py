@@ -889,14 +889,14 @@ def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, 
 
 def _budgeted(base: RunConfig, *, steps: int | None, warmup_steps: int | None,
               timeout_s: float | None) -> RunConfig:
-    """The base config with the tuner's per-run budget; the profiler must be on to measure."""
+    """The base config with the tuner's per-run budget; the profiler must be on to measure, and fingerprint the data."""
     budget = {
         "steps": steps if steps is not None else (base.budget.steps or _DEFAULT_STEPS),
         "warmup_steps": warmup_steps if warmup_steps is not None else base.budget.warmup_steps,
     }
     if timeout_s is not None:
         budget["timeout_s"] = timeout_s
-    return base.apply_patch({"budget": budget, "profiler": {"enabled": True}})
+    return base.apply_patch({"budget": budget, "profiler": {"enabled": True, "data_fingerprint": True}})
 
 
 def _baseline_stats(stored: Mapping[str, Any]) -> BaselineStats:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
@@ -41,7 +42,8 @@ _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 # Fixed weights for up to 16-byte elements: the same in every process, so hashes compare across runs.
 _WEIGHTS = torch.randint(-(2**62), 2**62, (_ELEMENTS * 16,), generator=torch.Generator().manual_seed(0x70C5),
-                         dtype=torch.int64)
+                         dtype=torch.int64).numpy().view(np.uint64)
+_GOLDEN_U64 = np.uint64(_GOLDEN)
 
 
 class DataFingerprint:
@@ -83,21 +85,23 @@ class DataFingerprint:
         hashed = [t for t in rows if t.device.type == "cpu"]
         if not hashed:
             return
-        per_part = [_row_hashes(t, batch_size).tolist() for t in hashed]
-        while len(self._parts) < len(per_part):
+        # Per sample, in uint64 array arithmetic (wrapping): a few numpy operations per batch (each
+        # ~1 us; torch's per-operation dispatch costs several), not Python operations per sample.
+        while len(self._parts) < len(hashed):
             self._parts.append(0)
-        combined = [0] * batch_size
-        for i, (t, hashes) in enumerate(zip(hashed, per_part)):
-            salt = _hash_text(_signature(t, per_sample=True)) + i
-            for j, h in enumerate(hashes):
-                h = _mix((h + salt) & _MASK)
-                self._parts[i] = (self._parts[i] + h) & _MASK
-                combined[j] = _mix((combined[j] * _GOLDEN + h) & _MASK)
-        for h in combined:
-            self._digest = (self._digest + h) & _MASK
-            if h not in self._distinct:
-                self._distinct.add(h)
-                _keep_smallest(rec["sketch"], h)
+        combined = np.zeros(batch_size, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for i, t in enumerate(hashed):
+                h = _mix(_row_hashes(t, batch_size) + np.uint64((_salt(t) + i) & _MASK))
+                self._parts[i] = (self._parts[i] + int(h.sum(dtype=np.uint64))) & _MASK
+                combined = _mix(combined * _GOLDEN_U64 + h)
+        values = combined.tolist()
+        self._digest = (self._digest + sum(values)) & _MASK
+        new = [v for v in values if v not in self._distinct]
+        self._distinct.update(new)
+        sketch = rec["sketch"]
+        if new and (len(sketch) < _SKETCH or min(new) < sketch[-1]):
+            sketch[:] = sorted(set(sketch).union(new))[:_SKETCH]
         rec["distinct"] = len(self._distinct)
         rec["digest"] = f"{self._digest:016x}"
         rec["parts"] = [f"{p:016x}" for p in self._parts]
@@ -130,33 +134,56 @@ def _signature(t: torch.Tensor, *, per_sample: bool) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, dims))}]{where}"
 
 
-def _row_hashes(t: torch.Tensor, n: int) -> torch.Tensor:
-    """One int64 per sample: a weighted sum of the bytes of up to `_ELEMENTS` strided elements of its row."""
+def _row_hashes(t: torch.Tensor, n: int) -> np.ndarray:
+    """One uint64 per sample: a weighted sum of the bytes of up to `_ELEMENTS` strided elements of its row."""
     flat = t.detach().reshape(n, -1)
     m = flat.shape[1]
     if m == 0:
-        return torch.zeros(n, dtype=torch.int64)
-    if m > _ELEMENTS:
-        flat = flat.index_select(1, torch.arange(_ELEMENTS) * (m - 1) // (_ELEMENTS - 1))
+        return np.zeros(n, dtype=np.uint64)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(n, -1)
-    raw = flat.contiguous().view(torch.uint8).to(torch.int64)
-    return (raw * _WEIGHTS[: raw.shape[1]]).sum(dim=1)
+        m = flat.shape[1]
+    if flat.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits as int16
+        flat = flat.view(torch.int16)
+    rows = flat.numpy()
+    if m > _ELEMENTS:
+        rows = rows[:, _columns(m)]
+    raw = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+    with np.errstate(over="ignore"):
+        return (raw.astype(np.uint64) * _WEIGHTS[: raw.shape[1]]).sum(axis=1, dtype=np.uint64)
 
 
-def _mix(x: int) -> int:
-    """splitmix64's finaliser: spreads a sum's bits evenly (the sketch keeps the smallest values)."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
+_COLUMNS: dict[int, np.ndarray] = {}
 
 
-def _keep_smallest(sketch: list[int], h: int) -> None:
-    if len(sketch) < _SKETCH:
-        sketch.append(h)
-        sketch.sort()
-    elif h < sketch[-1]:
-        sketch[-1] = h
-        sketch.sort()
+def _columns(m: int) -> np.ndarray:
+    """`_ELEMENTS` evenly strided column indices of a row of `m` elements (cached per width)."""
+    cols = _COLUMNS.get(m)
+    if cols is None:
+        cols = _COLUMNS[m] = np.arange(_ELEMENTS, dtype=np.int64) * (m - 1) // (_ELEMENTS - 1)
+    return cols
+
+
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping): spreads a sum's bits evenly (the sketch keeps the smallest values)."""
+    x = (x ^ (x >> _S30)) * _MIX1
+    x = (x ^ (x >> _S27)) * _MIX2
+    return x ^ (x >> _S31)
+
+
+_SALTS: dict[tuple, int] = {}
+
+
+def _salt(t: torch.Tensor) -> int:
+    """The stable hash of a tensor's per-sample signature (dtype, row shape, device), computed once per signature."""
+    key = (t.dtype, tuple(t.shape[1:]), t.device.type)
+    salt = _SALTS.get(key)
+    if salt is None:
+        salt = _SALTS[key] = _hash_text(_signature(t, per_sample=True))
+    return salt

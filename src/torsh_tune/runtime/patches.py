@@ -255,15 +255,18 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         return
     original_next = _BaseDataLoaderIter.__next__
     tracker = rt.tracker
-    # The data the measured steps read, for the tuner's data-integrity guard (meta.json data_fingerprint).
-    fingerprint = DataFingerprint(rt.meta, first_step=rt.config.budget.warmup_steps, end_step=rt.budget_total)
+    # The data the measured steps read, for the tuner's data-integrity guard (meta.json data_fingerprint):
+    # only in the tuner's runs, which ask for it.
+    fingerprint = (DataFingerprint(rt.meta, first_step=rt.config.budget.warmup_steps, end_step=rt.budget_total)
+                   if rt.config.profiler.data_fingerprint else None)
 
     def __next__(self: _BaseDataLoaderIter) -> Any:
         t0 = now()
         batch = original_next(self)
         n = _batch_size(batch)
         tracker.on_data(t0, now(), n)
-        fingerprint.observe(batch, n, tracker.step, self)
+        if fingerprint is not None:
+            fingerprint.observe(batch, n, tracker.step, self)
         if not getattr(self, "_torsh_seen", False):
             self._torsh_seen = True
             _record_loader(rt, self)
