@@ -1,0 +1,235 @@
+"""The zero-code patches without torchrun: their pure helpers here, `install` in one fresh process that
+trains a one-rank gloo DDP model through every way a step can end (two optimizers per iteration, a
+step GradScaler skips, a closure optimizer, the step budget)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torsh_tune.errors import ConfigError
+from torsh_tune.rundir import RunDir
+from torsh_tune.runtime.patches import _batch_size, _outermost_owners, _resolve_backend
+
+from helpers import read_jsonl
+
+
+@pytest.mark.parametrize(
+    ("requested", "configured", "cuda", "backend"),
+    [
+        (None, "auto", False, "gloo"),
+        ("", "auto", True, "nccl"),
+        ("auto", "auto", False, "gloo"),
+        ("gloo", "auto", True, "gloo"),
+        ("nccl", "gloo", False, "gloo"),  # the run's backend wins over the script's
+        ("cpu:gloo,cuda:nccl", "auto", True, "cpu:gloo,cuda:nccl"),
+    ],
+)
+def test_the_backend_is_the_runs_then_the_scripts_then_the_devices(requested, configured, cuda, backend):
+    assert _resolve_backend(requested, configured, cuda) == backend
+
+
+@pytest.mark.parametrize(("requested", "configured"), [("nccl", "auto"), ("NCCL", "auto"), (None, "nccl")])
+def test_nccl_without_cuda_is_one_config_error(requested, configured):
+    with pytest.raises(ConfigError) as exc:
+        _resolve_backend(requested, configured, False)
+    value = requested if configured == "auto" else configured
+    assert str(exc.value) == (f"process-group backend must be gloo when CUDA is not available (nccl needs a GPU), "
+                              f"but got {value!r}")
+
+
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [
+        (torch.zeros(5, 3), 5),
+        (torch.tensor(2.0), 1),
+        ([torch.zeros(7, 2), torch.zeros(7)], 7),
+        ({"input_ids": torch.zeros(3, 16, dtype=torch.long), "labels": torch.zeros(3)}, 3),
+        ((({"x": torch.zeros(6)},),), 6),
+        ([[[[[torch.zeros(9)]]]]], 0),  # deeper than anything a loader yields: not searched
+        ([], 0),
+        ("text", 0),
+    ],
+)
+def test_a_batchs_size_is_the_first_dimension_of_its_first_tensor(batch, size):
+    assert _batch_size(batch) == size
+
+
+def test_the_probed_forward_is_the_outermost_module_holding_the_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    # A wrapper holds the model as a submodule (DDP as `module`, torch.compile's as `_orig_mod`): it is outermost.
+    wrapper = torch.nn.ModuleDict({"_orig_mod": model})
+    head = torch.nn.ModuleList([model[1]])  # shares a layer, inside nothing else
+    params = {id(p) for p in model.parameters()}
+    assert {id(m) for m in _outermost_owners(params)} == {id(wrapper), id(head)}
+    assert [id(m) for m in _outermost_owners({id(model[0].weight)})] == [id(wrapper)]
+
+
+# -- install, in a process of its own ----------------------------------------------------------
+CONFIG = {
+    "budget": {"warmup_steps": 1, "steps": 5},
+    "profiler": {"loss_every": 1, "flush_interval_s": 60},
+    "strategy": {"ddp": {"bucket_cap_mb": 1}, "distributed": {"timeout_s": 30}, "dataloader": {"pin_memory": False}},
+}
+BATCH = 4
+
+SCENARIO = """
+import json, sys
+import torch, torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torsh_tune.config import DistEnv, RunConfig
+from torsh_tune.errors import ConfigError
+from torsh_tune.rundir import RunDir
+from torsh_tune.runtime import patches
+from torsh_tune.runtime.budget import StepBudgetReached
+from torsh_tune.runtime.context import RankRuntime
+
+run_dir, config, batch = sys.argv[1], RunConfig.from_json(sys.argv[2]), int(sys.argv[3])
+rt = RankRuntime(config, RunDir(run_dir), env=DistEnv.one_node(rank=0, world_size=1))
+patches.install(rt)
+out = {}
+dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)  # no backend named
+out["timeout_s"] = c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+torch.manual_seed(0)
+gen = DistributedDataParallel(torch.nn.Linear(8, 8), bucket_cap_mb=25)
+disc = torch.nn.Linear(8, 1)
+opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+dataset = TensorDataset(torch.randn(10 * batch, 8))
+try:
+    DataLoader(dataset, batch, False, None, None, 0)
+except ConfigError as exc:
+    out["positional_error"] = str(exc)
+batches = iter(DataLoader(dataset, batch_size=batch))
+losses = []
+for _ in range(2):  # a GAN: two optimizers per iteration, the first to step ends the step
+    (x,) = next(batches)
+    loss = gen(x).pow(2).mean()
+    loss.backward()
+    opt_g.step()
+    opt_g.zero_grad()
+    disc(x).mean().backward()
+    opt_d.step()
+    opt_d.zero_grad()
+    losses.append(loss.item())
+scaler = torch.amp.GradScaler("cpu")  # inf gradients: the scaler skips opt_g.step()
+(x,) = next(batches)
+loss = gen(x).pow(2).mean()
+scaler.scale(loss).backward()
+gen.module.weight.grad[0, 0] = float("inf")
+before = gen.module.weight.detach().clone()
+scaler.step(opt_g)
+scaler.update()
+opt_g.zero_grad()
+out["scaler_skipped"] = torch.equal(before, gen.module.weight.detach())
+losses.append(loss.item())
+(x,) = next(batches)
+def closure():  # forward and backward inside the optimizer step
+    opt_g.zero_grad()
+    loss = gen(x).pow(2).mean()
+    loss.backward()
+    return loss
+losses.append(opt_g.step(closure).item())
+try:
+    for (x,) in batches:
+        loss = gen(x).pow(2).mean()
+        loss.backward()
+        losses.append(loss.item())
+        opt_g.step()
+        opt_g.zero_grad()
+except StepBudgetReached as exc:
+    out["budget"] = str(exc)
+out["losses"] = losses
+rt.finish("budget")
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(what the script saw, the rank's steps, comm, meta and exit records)."""
+    run = RunDir(tmp_path_factory.mktemp("patches") / "run")
+    proc = subprocess.run([sys.executable, "-c", SCENARIO, str(run.path), json.dumps(CONFIG), str(BATCH)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    meta = json.loads(run.rank_file(0, "meta").read_text())
+    exit_record = json.loads(run.rank_file(0, "exit").read_text())
+    return out, read_jsonl(run.rank_file(0, "steps")), read_jsonl(run.rank_file(0, "comm")), meta, exit_record
+
+
+STEPS = CONFIG["budget"]["warmup_steps"] + CONFIG["budget"]["steps"]
+SCALER_STEP = 2  # the step whose optimizer.step() the GradScaler skipped
+
+
+def test_every_iteration_is_one_step_however_it_ends(installed):
+    out, steps, _, _, exit_record = installed
+    assert out["scaler_skipped"] is True
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert [s["warmup"] for s in steps] == [True] + [False] * (STEPS - 1)
+    assert len(out["losses"]) == STEPS
+    # Each step's loss is its iteration's: the second optimizer, the skipped step and the closure did not shift them.
+    assert [s["loss"] for i, s in enumerate(steps) if i != SCALER_STEP] == \
+        [loss for i, loss in enumerate(out["losses"]) if i != SCALER_STEP]
+    assert [(s["samples"], s["num_microbatches"]) for s in steps] == [(BATCH, 1)] * STEPS
+    # The budget ended the script at its last step, every rank the same way.
+    assert (exit_record["status"], exit_record["steps_done"]) == ("budget", STEPS)
+    assert out["budget"] == f"step budget reached after {STEPS} steps"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "runtime/patches.py _patch_backward records the tensor backward() is called on: under "
+    "`scaler.scale(loss).backward()` that is the loss times GradScaler's scale (65536 here), so StepRecord.loss "
+    "(the quality guard's input) changes whenever the scale does"))
+def test_a_loss_scaled_by_gradscaler_is_recorded_unscaled(installed):
+    out, steps, _, _, _ = installed
+    assert steps[SCALER_STEP]["loss"] == out["losses"][SCALER_STEP]
+
+
+def test_the_forward_is_probed_from_the_first_optimizer_step_on(installed):
+    _, steps, _, meta, _ = installed
+    assert meta["probed_modules"] == ["DistributedDataParallel"]  # the generator's: the first optimizer's parameters
+    assert steps[0]["forward_s"] == 0.0 and all(s["forward_s"] > 0 for s in steps[1:])
+    closure_step = steps[SCALER_STEP + 1]  # forward and backward ran inside optimizer.step(closure)
+    assert closure_step["forward_s"] > 0 and closure_step["backward_s"] > 0
+
+
+def test_init_process_group_gets_the_resolved_backend_and_the_runs_timeout(installed):
+    out, _, _, meta, _ = installed
+    assert (meta["backend"], meta["backend_requested"]) == ("gloo", None)
+    assert out["timeout_s"] == CONFIG["strategy"]["distributed"]["timeout_s"]
+
+
+def test_the_runs_ddp_knobs_replace_the_scripts_and_say_so(installed):
+    _, _, _, meta, _ = installed
+    (model,) = meta["ddp_models"]
+    assert (model["bucket_cap_mb"], model["applied_from_config"]) == (1.0, {"bucket_cap_mb": 1.0})
+    assert (model["param_bytes"], model["num_param_tensors"], model["comm_hook"]) == ((8 * 8 + 8) * 4, 2, "allreduce")
+    assert "ddp.bucket_cap_mb: the script's 25 replaced by the run's 1.0" in meta["notes"]
+
+
+def test_ddps_builtin_allreduce_is_one_record_per_step_from_its_timers(installed):
+    _, steps, comm, meta, _ = installed
+    param_bytes = meta["ddp_models"][0]["param_bytes"]
+    # The last step's timers are never reported (DDP reports them at the next forward).
+    assert [(c["step"], c["seq"]) for c in comm] == [(i, i) for i in range(STEPS - 1)]
+    for c in comm:
+        assert (c["collective"], c["hook"], c["issuer"], c["bytes"], c["grad_bytes"], c["num_tensors"], c["group"],
+                c["backend"], c["clock"]) == ("all_reduce", "builtin", "ddp", param_bytes, param_bytes, 2, "world",
+                                              "gloo", "host")
+        assert steps[c["step"]]["comm_s"] == c["duration_s"]
+
+
+def test_dataloaders_run_with_the_runs_overrides(installed):
+    out, _, _, meta, _ = installed
+    assert meta["dataloader_overrides"] == {"pin_memory": False}
+    assert meta["dataloaders"] == [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False}]
+    assert out["positional_error"] == ("DataLoader arguments must be passed by keyword after batch_sampler when "
+                                       "overrides apply, but got 'positional'")
