@@ -26,11 +26,12 @@ def _records(tracker) -> list[dict]:
 
 
 def _completed(tracker, n: int) -> list[dict]:
-    """The first n records, once an async collective's future callback (the backend's thread) handed them over."""
+    """n records in issue order, once the async ones' future callbacks (the backend's thread, which may run
+    them after `wait()` returned) handed them over."""
     deadline = time.monotonic() + 30
     while len(tracker.comm_done) < n and time.monotonic() < deadline:
         time.sleep(0.001)
-    return _records(tracker)
+    return sorted(_records(tracker), key=lambda r: r["seq"])
 
 
 def test_each_call_is_one_record_with_its_bytes_dtype_and_group(capture):
