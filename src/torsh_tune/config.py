@@ -828,6 +828,8 @@ def dist_env(environ: dict[str, str] | None = None) -> DistEnv | None:
     if rank >= world:
         raise invalid("environment variable RANK", f"< WORLD_SIZE ({world})", env.get("RANK"))
     local_world = integer("LOCAL_WORLD_SIZE", world, 1)
+    if local_world > world:
+        raise invalid("environment variable LOCAL_WORLD_SIZE", f"<= WORLD_SIZE ({world})", env.get("LOCAL_WORLD_SIZE"))
     local_rank = integer("LOCAL_RANK", rank % local_world, 0)
     if local_rank >= local_world:
         raise invalid("environment variable LOCAL_RANK", f"< LOCAL_WORLD_SIZE ({local_world})", env.get("LOCAL_RANK"))

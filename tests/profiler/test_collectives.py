@@ -37,7 +37,7 @@ def _completed(tracker, n: int) -> list[dict]:
 def test_each_call_is_one_record_with_its_bytes_dtype_and_group(capture):
     cap, tracker = capture
     _fake()
-    f32, i64 = torch.float32, torch.int64
+    i64 = torch.int64
     dist.all_reduce(torch.ones(10))
     dist.all_reduce(torch.ones(3, dtype=torch.float16), async_op=True).wait()
     dist.broadcast(torch.zeros(3, dtype=i64), src=0)
@@ -152,11 +152,6 @@ def _call_from(module: str, function: str) -> None:
     scope[function]()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "profiler/collectives.py _ISSUER_OF_CODE caches the issuer by code object, and code objects compare by value "
-    "(name, first line, bytecode; not co_filename): a function with the same name, line and body in a second "
-    "module gets the first module's issuer (key by id(code) while holding the code object, or by (code, "
-    "co_filename))"))
 def test_identical_functions_in_two_modules_keep_their_own_issuers(capture):
     _, tracker = capture
     _fake()

@@ -66,10 +66,6 @@ def test_each_bucket_is_labelled_with_its_index_hook_and_gradient_bytes(ddp):
     assert _records(tracker, len(calls) + 1)[-1]["bucket"] == -1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "profiler/comm.py TimedCommHook caches num_tensors per bucket index (_num_tensors) from the first call: "
-    "after DDP rebuilds its buckets (end of the first iteration) a bucket index holds other gradients, and "
-    "records keep the first iteration's count (bucket 0: 6 tensors recorded, 4 handed to the hook)"))
 def test_rebuilt_buckets_record_their_own_number_of_gradients(ddp):
     capture, tracker, model, calls = ddp
     model.register_comm_hook(None, TimedCommHook(capture, inner=_seen(calls), inner_state=None, name="my_hook"))

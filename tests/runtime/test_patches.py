@@ -184,10 +184,6 @@ def test_every_iteration_is_one_step_however_it_ends(installed):
     assert out["budget"] == f"step budget reached after {STEPS} steps"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/patches.py _patch_backward records the tensor backward() is called on: under "
-    "`scaler.scale(loss).backward()` that is the loss times GradScaler's scale (65536 here), so StepRecord.loss "
-    "(the quality guard's input) changes whenever the scale does"))
 def test_a_loss_scaled_by_gradscaler_is_recorded_unscaled(installed):
     out, steps, _, _, _ = installed
     assert steps[SCALER_STEP]["loss"] == out["losses"][SCALER_STEP]

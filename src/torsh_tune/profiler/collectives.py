@@ -119,16 +119,18 @@ def issuer_of(module_name: str) -> str:
     return "user"
 
 
-_ISSUER_OF_CODE: dict[Any, str] = {}  # the calling function's code object -> issuer (one walk per call site)
+# (the calling function's code object, its module's globals) -> issuer: one walk per call site. Code
+# objects compare by value (not by file): the same function in two modules must not share an entry.
+_ISSUER_OF_SITE: dict[tuple[Any, int], str] = {}
 
 
 def _caller_issuer(frame: Any) -> str:
-    code = frame.f_code
-    issuer = _ISSUER_OF_CODE.get(code)
+    key = (frame.f_code, id(frame.f_globals))
+    issuer = _ISSUER_OF_SITE.get(key)
     if issuer is None:
         issuer = _walk_issuer(frame)
         if not frame.f_globals.get("__name__", "").startswith(_PLUMBING):  # shared plumbing: its callers differ
-            _ISSUER_OF_CODE[code] = issuer
+            _ISSUER_OF_SITE[key] = issuer
     return issuer
 
 

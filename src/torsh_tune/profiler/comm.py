@@ -34,7 +34,7 @@ class TimedCommHook:
         self.inner = inner
         self.inner_state = inner_state
         self.name = name
-        self._num_tensors: dict[int, int] = {}
+        self._num_tensors: dict[tuple[int, int], int] = {}  # (bucket index, its bytes) -> gradients in it
         # Comm hooks are looked up by qualname in DDP's logger; keep a stable one.
         self.__qualname__ = self.__name__ = "torsh_tune_timed_hook"
 
@@ -47,9 +47,9 @@ class TimedCommHook:
         if self.capture is None:
             return self.inner(self.inner_state, bucket)
         buf = bucket.buffer()
-        idx = bucket.index()
-        ntensors = self._num_tensors.get(idx)
+        idx, nbytes = bucket.index(), buf.numel() * buf.element_size()
+        ntensors = self._num_tensors.get((idx, nbytes))  # DDP rebuilds its buckets after the first iteration
         if ntensors is None:
-            ntensors = self._num_tensors[idx] = len(bucket.gradients())
-        with self.capture.bucket(idx, self.name, buf.numel() * buf.element_size(), ntensors):
+            ntensors = self._num_tensors[(idx, nbytes)] = len(bucket.gradients())
+        with self.capture.bucket(idx, self.name, nbytes, ntensors):
             return self.inner(self.inner_state, bucket)

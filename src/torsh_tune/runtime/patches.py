@@ -324,14 +324,18 @@ def _patch_backward(rt: "RankRuntime") -> None:
         return
     original = torch.autograd.backward
     tracker = rt.tracker
+    scaled = _patch_grad_scaler_scale()
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return original(tensors, *args, **kwargs)
+        # `scaler.scale(loss).backward()`: the loss is the unscaled one (the scale changes over the run).
+        unscaled = scaled.pop(id(tensors), None) if scaled else None
+        loss_of = unscaled[1] if unscaled is not None and unscaled[0]() is tensors else tensors
         # Before the backward: its comm hooks piggyback this loss (a detached view, no host sync).
-        if _loss_observers and isinstance(tensors, torch.Tensor) and tensors.dim() == 0:
-            _observe_loss(tensors.detach())
+        if _loss_observers and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0:
+            _observe_loss(loss_of.detach())
         if not profiled:
             return original(tensors, *args, **kwargs)
         events = tracker.device_events
@@ -342,14 +346,42 @@ def _patch_backward(rt: "RankRuntime") -> None:
         finally:
             # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
             # host memory on the stream now: read once the step's events completed, it needs no sync.
-            keep = tracker.wants_loss() and isinstance(tensors, torch.Tensor) and tensors.dim() == 0
-            loss = tensors.detach() if keep else None
+            keep = tracker.wants_loss() and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
+            loss = loss_of.detach() if keep else None
             if loss is not None and ev0 is not None and loss.is_cuda:
                 loss = _pinned_copy(loss)  # ordered before the step's end event, which is waited for
             ev1 = events.record() if ev0 is not None else None
             tracker.on_backward(t0, now(), loss, (ev0, ev1) if ev0 is not None else None)
 
     torch.autograd.backward = backward
+
+
+def _patch_grad_scaler_scale() -> dict[int, tuple[Any, torch.Tensor]]:
+    """id(scaled loss) -> (a weak reference to it, the unscaled loss, detached), for the backward probe.
+
+    `GradScaler.scale(loss)` multiplies the loss by a scale that grows and shrinks over the run;
+    the step's loss is the unscaled one. Entries are dropped when their backward runs (or their
+    scaled tensor is freed).
+    """
+    scaled: dict[int, tuple[Any, torch.Tensor]] = {}
+    scaler_types = {getattr(torch.amp, "GradScaler", None), getattr(torch.cuda.amp, "GradScaler", None)}
+    for scaler_type in (t for t in scaler_types if t is not None):
+        original = scaler_type.scale
+        if getattr(original, "_torsh_patched", False):
+            continue
+
+        def scale(self: Any, outputs: Any, _original: Callable = original) -> Any:
+            out = _original(self, outputs)
+            if isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor) and out is not outputs \
+                    and not torch.compiler.is_compiling():
+                key = id(out)
+                scaled[key] = (weakref.ref(out, lambda _: scaled.pop(key, None)), outputs.detach())
+            return out
+
+        functools.update_wrapper(scale, original)
+        scale._torsh_patched = True  # type: ignore[attr-defined]
+        scaler_type.scale = scale
+    return scaled
 
 
 _PINNED: list[torch.Tensor] = []
