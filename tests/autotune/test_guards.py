@@ -40,7 +40,7 @@ WORKERS = {"compression.method": "none", "dataloader.num_workers": 2}
 def study(tmp_path_factory) -> tuple[Path, TuneResult]:
     study_dir = tmp_path_factory.mktemp("guards")
     result = tune(SCRIPT, ["--iterable"], base_config=BASE, study_dir=study_dir, n_trials=4, baseline_repeats=3,
-                  confirm_top=0, sampler="random", seed=0, steps=6, warmup_steps=2, space_spec=SPEC, cpu_count=2,
+                  confirm_top=0, sampler="random", seed=0, steps=12, warmup_steps=2, space_spec=SPEC, cpu_count=2,
                   initial_params=[TOPK, WORKERS])
     return study_dir, result
 
@@ -52,7 +52,7 @@ def test_the_baseline_settings_never_violate_an_unseeded_loss(study):
     t0 = result.trials[0]
     assert t0.role == "pytorch-defaults" and t0.state == "COMPLETE"
     c = t0.loss_check
-    assert c["repeats"] == 3 and c["num_steps"] == 8 and c["noise_rel"] == pytest.approx(result.baseline.loss_noise_rel)
+    assert c["repeats"] == 3 and c["num_steps"] == 14 and c["noise_rel"] == pytest.approx(result.baseline.loss_noise_rel)
     # The limit is the spread's one-sided t bound (2 df) or the tolerance, whichever is larger.
     assert c["threshold_rel"] == pytest.approx(max(0.01, 6.965 * c["noise_rel"] * (4 / 3) ** 0.5))
     assert not c["violated"] and t0.constraint_status == "feasible"
