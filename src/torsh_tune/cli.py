@@ -802,8 +802,9 @@ class _StudyProgress:
         self.t_last = now
 
     def eta(self) -> str:
-        """Remaining runs times the median run so far; '?' before the first run ends."""
-        if not self.run_s:
+        """Remaining runs times the median run so far; '?' before the first run ends and during the
+        ablation (how many knobs it keeps decides how many runs it takes)."""
+        if not self.run_s or self.ablation_done:
             return "?"
         left = (max(self.baseline_runs - self.baseline_done, 0) if self.trials_done == 0 else 0)
         left += max(self.n_trials - self.trials_done, 0) + max(self.confirm_runs - self.confirm_done, 0)
