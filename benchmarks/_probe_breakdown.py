@@ -163,12 +163,12 @@ def run(workload: str, size: int, steps: int, warmup: int, *, probes: bool = Tru
     rt = None
     if probes:
         instrument_before_install()
-        from torsh_tune.config import RunConfig
+        from torsh_tune.config import RunConfig, dist_env
         from torsh_tune.rundir import RunDir
         from torsh_tune.runtime import patches
         from torsh_tune.runtime.context import RankRuntime
 
-        rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"))
+        rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"), env=dist_env())
         patches.install(rt)
         instrument_after_install()
         rt.start()
@@ -255,14 +255,14 @@ def micro() -> None:
     import torch.distributed as dist
     import torch.nn as nn
 
-    from torsh_tune.config import RunConfig
+    from torsh_tune.config import RunConfig, dist_env
     from torsh_tune.profiler import collectives as cap
     from torsh_tune.rundir import RunDir
     from torsh_tune.runtime import patches
     from torsh_tune.runtime.context import RankRuntime
 
     torch.set_num_threads(1)
-    rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"))
+    rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"), env=dist_env())
     patches.install(rt)
     rt.start()
     dist.init_process_group("gloo")

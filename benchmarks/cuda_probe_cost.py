@@ -34,12 +34,12 @@ def arm(name: str, steps: int, profile: bool) -> float:
 
     rt = None
     if name == "torsh":
-        from torsh_tune.config import RunConfig
+        from torsh_tune.config import RunConfig, dist_env
         from torsh_tune.rundir import RunDir
         from torsh_tune.runtime import patches
         from torsh_tune.runtime.context import RankRuntime
 
-        rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"))
+        rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"), env=dist_env())
         patches.install(rt)
         rt.start()
     dist.init_process_group("nccl")

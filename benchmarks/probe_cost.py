@@ -208,13 +208,13 @@ def child(workload: str, size: int, arm: str, warmup: int, out: Path) -> None:
     torch.set_num_threads(1)
     rt = None
     if arm == "torsh":
-        from torsh_tune.config import RunConfig
+        from torsh_tune.config import RunConfig, dist_env
         from torsh_tune.rundir import RunDir
         from torsh_tune.runtime import patches
         from torsh_tune.runtime.context import RankRuntime
 
         run = RunDir(out.parent / "run")
-        rt = RankRuntime(RunConfig(), run)
+        rt = RankRuntime(RunConfig(), run, env=dist_env())
         patches.install(rt)
         rt.start()
     if workload == "fsdp2":
@@ -367,7 +367,8 @@ def run_pair(job: tuple[str, int], args: argparse.Namespace, work: Path, i: int)
         blocks = {arm: arms[arm].run(per_block) for arm in order}
         for m in METRICS:
             block_deltas[m].append(statistics.median(blocks["torsh"][m]) - statistics.median(blocks["bare"][m]))
-    bare, torsh = arms["bare"].close(), arms["torsh"].close()
+    bare = arms["bare"].close()
+    arms["torsh"].close()
     n = bare["collectives_per_step"]
     rec = _recorded(arms["torsh"].out.parent / "run", warmup + args.blocks * per_block, warmup)
     want = _expected_records(job[0], n)
