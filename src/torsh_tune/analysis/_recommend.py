@@ -23,7 +23,6 @@ Quantities are sized from the run, and the arithmetic is in the gain's `basis`:
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any
 

@@ -101,7 +101,6 @@ def _headline(info: ReportInfo, status: str, status_style: str) -> Text:
     if s is None:
         text.append("no measured steps", style="bold")
     else:
-        tput = s.get("throughput_samples_s")
         tput_text = throughput_text(s)
         text.append("median step ")
         text.append(fmt_s(s.get("median_step_s")), style="bold cyan")

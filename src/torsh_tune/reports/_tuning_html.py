@@ -15,8 +15,8 @@ from ._format import fmt_bytes, fmt_loss_deviation, fmt_samples_s, migration_cel
 from ._html import _CSS, _e
 from ._json import _write_atomic
 from ._tuning import TuningInfo
-from ._tuning_markdown import (ABLATION_COLUMNS, STUDY_FILES, _params_text, _status_text, _title, _varying,
-                               ablation_table, loss_cell)
+from ._tuning_markdown import ABLATION_COLUMNS, STUDY_FILES, _status_text, _title, ablation_table, loss_cell
+from .figures import params_text, varying_params
 
 __all__ = ["render_tuning_html", "write_tuning_html"]
 
@@ -228,14 +228,14 @@ def _pareto(info: TuningInfo, figs: Mapping[str, str]) -> list[str]:
     unit = info.study.get("unit") or "samples/s"
     if not info.pareto:
         return []
-    varying = _varying(info)
+    varying = varying_params(info)
     out = ['<h2 id="pareto">Pareto front</h2>']
     if "pareto" in figs:
         out.append(figs["pareto"])
     out.append(f"<table><tr><th>trial</th><th>{unit}</th><th>loss deviation</th><th>parameters</th></tr>")
     out += [f"<tr><td class=num>{p['number']}</td><td class=num>{_e(fmt_samples_s(p['samples_s'], unit))}</td>"
             f"<td class=num>{_e(fmt_loss_deviation(p['loss_deviation']))}</td>"
-            f"<td>{_e(_params_text(p['params'], varying))}</td></tr>" for p in info.pareto]
+            f"<td>{_e(params_text(p['params'], varying))}</td></tr>" for p in info.pareto]
     return out + ["</table>"]
 
 
@@ -243,7 +243,7 @@ def _trials(info: TuningInfo) -> list[str]:
     unit = info.study.get("unit") or "samples/s"
     if not info.trials:
         return ["<h2>Trials</h2>", "<p>No trial has been recorded yet.</p>"]
-    varying = _varying(info)
+    varying = varying_params(info)
     best = dict(zip(info.history.get("number", []), info.history.get("best_samples_s", [])))
     out = ['<h2 id="trials">Trials</h2>',
            f"<table><tr><th>trial</th><th>state</th><th>role</th><th>{unit}</th><th>vs baseline</th>"
@@ -251,7 +251,7 @@ def _trials(info: TuningInfo) -> list[str]:
            "<th>parameters / reason</th></tr>"]
     for t in info.trials:
         vs = f"{t['vs_baseline']:.2f}x" if t["vs_baseline"] is not None else "–"
-        what = _params_text(t["params"], varying)
+        what = params_text(t["params"], varying)
         if t["failure_reason"]:
             what = t["failure_reason"] if t["state"] == "FAIL" else f"{what} — {t['failure_reason']}"
         marks = ("★ " if t["number"] == info.best.get("trial") else "") + ("(Pareto) " if t["on_pareto"] else "")

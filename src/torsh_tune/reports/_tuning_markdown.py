@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from ._format import fmt_bytes, fmt_loss_deviation, fmt_param, fmt_samples_s, migration_cell
 from ._json import _write_atomic
 from ._tuning import TuningInfo
+from .figures import params_text, varying_params
 
 __all__ = ["ABLATION_COLUMNS", "STUDY_FILES", "ablation_table", "render_tuning_markdown", "write_tuning_markdown"]
 
@@ -200,14 +201,14 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
     out += [f"{c.get('finished', 0)} finished trial(s): {c.get('complete', 0)} complete, {c.get('failed', 0)} failed, "
             f"{c.get('pruned', 0)} pruned, {c.get('violated', 0)} outside a constraint (loss or memory){running}. "
             "Throughput is one run per trial (the search's ranking; only the confirmation measures a speedup).", ""]
-    varying = _varying(info)
+    varying = varying_params(info)
     if not full:
         top = sorted((t for t in info.trials if t["samples_s"] is not None and t["constraint_status"] != "violated"),
                      key=lambda t: -t["samples_s"])[:_TOP_TRIALS]
         out += ["Fastest feasible trials:", "", f"| trial | {unit} | role | parameters |", "|---:|---:|---|---|"]
         for t in top:
             out.append(f"| {t['number']} | {fmt_samples_s(t['samples_s'], unit)} | {t['role'] or 'sampler'} | "
-                       f"{_cell(_params_text(t['params'], varying))} |")
+                       f"{_cell(params_text(t['params'], varying))} |")
         failures = [t for t in info.trials if t["state"] == "FAIL"]
         if failures:
             out += ["", "Failed trials:", ""] + [f"- trial {t['number']}: {_inline(t['failure_reason'])}"
@@ -228,7 +229,7 @@ def _search(info: TuningInfo, *, full: bool) -> list[str]:
         vs = f"{t['vs_baseline']:.2f}x" if t["vs_baseline"] is not None else "–"
         dev = loss_cell(t)
         mem = fmt_bytes(t["peak_mem_bytes"]) if t["peak_mem_bytes"] is not None else "–"
-        what = _params_text(t["params"], varying)
+        what = params_text(t["params"], varying)
         if t["failure_reason"]:
             what = f"{what} — {t['failure_reason']}" if t["state"] != "FAIL" else t["failure_reason"]
         marks = "".join((" ★" if t["number"] == info.best.get("trial") else "",
@@ -262,13 +263,13 @@ def _pareto(info: TuningInfo) -> list[str]:
     unit = info.study.get("unit") or "samples/s"
     if not info.pareto:
         return []
-    varying = _varying(info)
+    varying = varying_params(info)
     out = ["## Pareto front (throughput vs loss deviation)", "",
            f"| trial | {unit} | loss deviation | parameters |", "|---:|---:|---:|---|"]
     for p in info.pareto:
         dev = fmt_loss_deviation(p["loss_deviation"])
         out.append(f"| {p['number']} | {fmt_samples_s(p['samples_s'], unit)} | {dev} | "
-                   f"{_cell(_params_text(p['params'], varying))} |")
+                   f"{_cell(params_text(p['params'], varying))} |")
     return out + [""]
 
 
@@ -292,14 +293,6 @@ def _files(info: TuningInfo) -> list[str]:
     if not names:
         return []
     return ["## Files", ""] + [f"- {name}: `{root / name}`" for name in names] + [""]
-
-
-def _varying(info: TuningInfo) -> set[str]:
-    return {p for p in info.params if len({json.dumps(t["params"].get(p)) for t in info.trials}) > 1}
-
-
-def _params_text(params: Mapping[str, Any], names: set[str]) -> str:
-    return ", ".join(f"{k}={fmt_param(v)}" for k, v in sorted(params.items()) if k in names) or "–"
 
 
 def loss_cell(t: Mapping[str, Any]) -> str:

@@ -7,7 +7,7 @@ import numpy as np
 from . import _intervals as iv
 from ._symbols import SymbolTable
 from ._table import Table, strings
-from ._timeline import COMMUNICATION, COMPUTATION, KIND_NAMES, Timeline
+from ._timeline import COMMUNICATION, KIND_NAMES, Timeline
 
 __all__ = ["comm_overlap", "temporal_breakdown", "top_kernels"]
 
