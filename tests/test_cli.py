@@ -97,8 +97,10 @@ def test_data_bound_example_is_diagnosed_as_io(tmp_path):
     rec = next(r for r in report["recommendations"] if r["category"] == "io")
     assert rec["config_patch"]["dataloader"]["num_workers"] >= 1
     gain = rec["expected_gain"]
-    # The measured data wait bounds what any loader change can save.
-    assert 0 <= gain["low_pct"] <= gain["high_pct"] == pytest.approx(top["evidence"]["data_wait_pct"], abs=0.1)
+    # The measured data wait bounds what any loader change can save; the idle cores per rank may bound it
+    # further (the sizing's arithmetic is in the recommendation's basis).
+    assert 0 <= gain["low_pct"] <= gain["high_pct"] <= top["evidence"]["data_wait_pct"] + 0.1
+    assert "idle" in gain["basis"], gain["basis"]
     assert "median step" in proc.stdout and str(run) in proc.stdout
 
 

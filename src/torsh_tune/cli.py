@@ -71,11 +71,18 @@ _PORT = _number(int, "a TCP port 1-65535", lambda v: 1 <= v <= 65535)
 def _runs_dir(text: str) -> str:
     """An argparse `type` for --runs-dir: a directory, or a path where one can be made (no file on the way)."""
     path = Path(text)
-    on_the_way = next((p for p in (path, *path.parents) if p.exists()), None)
+    on_the_way = next((p for p in (path, *path.parents) if _exists(p)), None)
     if on_the_way is not None and not on_the_way.is_dir():
         raise argparse.ArgumentTypeError(f"must be a directory (or a path where one can be made), but got {text!r}"
                                          + (f" ({on_the_way} is a file)" if on_the_way != path else ""))
     return text
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # no permission to look: making the run directory later says what is wrong
+        return False
 
 
 _EMULATE_HELP = ("Run on an emulated multi-node cluster on this host (root, iproute2): SPEC is "

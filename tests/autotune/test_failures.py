@@ -63,7 +63,7 @@ CASES = {
     "bad_strategy": (["--mode", "ok"], {"strategy": {"collectives": {"hierarchical": True, "ranks_per_node": 3}}},
                      "config_error",
                      "config_error: collectives.ranks_per_node must be a divisor of the world size 2, but got 3",
-                     "torsh-tune: error: collectives.ranks_per_node must be a divisor of the world size 2, but got 3"),
+                     None),  # said once, in the outcome: a rank launched by torsh-tune does not print it too
 }
 
 
@@ -74,7 +74,7 @@ def test_each_failure_kind_is_classified_with_its_reason_and_leaves_no_process(t
     info = _run_info(run.run_dir)
     assert (run.state, run.status) == ("FAIL", status), run
     assert run.failure_reason.startswith(f"{status}: ") and reason in run.failure_reason, run.failure_reason
-    assert any(tail in line for line in run.stderr_tail), run.stderr_tail
+    assert tail is None or any(tail in line for line in run.stderr_tail), run.stderr_tail
     assert run.samples_s is None  # never zero throughput
     assert info["status"] == status and info["outcome"]["status"] == status
     assert run_survivors(info["run_id"]) == []
