@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
 venv: $(STAMP)
 
 # The main job on the bundled data-bound example: baseline profile (io bottleneck), an 8-trial study,
-# confirmation, study report (about 2 minutes on 2 CPU cores; STUDY/summary.md holds the verdict, the
-# confirmed speedup with its CI, and the command to run the winner).
+# confirmation, the ablation to the minimal winning config (each kept knob's share of the speedup),
+# study report (about 5-8 minutes on 2 CPU cores, the ablation ~30 of its runs; STUDY/summary.md holds
+# the verdict, the confirmed speedup with its CI, and the command to run the winner).
 demo: $(STAMP)
 	$(BIN)/torsh-tune --nproc-per-node 2 --trials 8 --steps 15 --warmup-steps 3 --seed 0 \
 	  examples/data_bound.py --log-every 1000
