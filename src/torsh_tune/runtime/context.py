@@ -190,6 +190,10 @@ class RankRuntime:
         if self.tracker.device_errors:
             self.note(f"{len(self.tracker.device_errors)} step(s) kept on the host clock, their CUDA events "
                       f"unreadable; first: {self.tracker.device_errors[0]}")
+        try:  # every record is queued by now (the sampler stopped, pending steps flushed)
+            self.writer.close()
+        except OSError as exc:  # the run's records are incomplete: meta.json says so
+            self.note(str(exc))
         self.meta["t_end"] = now()
         self.save_meta()
         write_json_atomic(
@@ -204,7 +208,6 @@ class RankRuntime:
                 "steps_done": self.steps_done,
             },
         )
-        self.writer.close()
 
     # -- facts ------------------------------------------------------------------------
     def note(self, message: str) -> None:
