@@ -32,6 +32,7 @@ from .config import (
 )
 from .errors import ConfigError, TorshTuneError, invalid
 from .importers import load_config_file
+from .rundir import StudyDir, is_study_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SUBCOMMANDS = ("profile", "run", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
@@ -357,9 +358,10 @@ def _config_of_study(path: str) -> Path:
     """`--config` of `run`: a study directory means its best.toml."""
     p = Path(path)
     if p.is_dir():
-        if not (p / "best.toml").is_file():
+        best = StudyDir(p).best_toml
+        if not best.is_file():
             raise invalid("--config", "a study directory holding best.toml, or a config file", path)
-        return p / "best.toml"
+        return best
     return p
 
 
@@ -472,12 +474,6 @@ def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
     return (EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED), analysis
 
 
-def is_study_dir(path: str | Path) -> bool:
-    """A study directory: one `tune` wrote results into, or is still writing its storage into."""
-    p = Path(path)
-    return (p / "result.json").is_file() or ((p / "study.db").is_file() and not (p / "run.json").is_file())
-
-
 @contextlib.contextmanager
 def _removed_if_refused(study_dir: Path, *, keep: bool) -> Iterator[None]:
     """A study the tuner refused before it began (bad objectives, pruner, sampler) leaves no empty directory."""
@@ -580,7 +576,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         check_storage(args.storage)
     if args.resume:
         study_dir = Path(args.resume)
-        if not (study_dir / "study.db").is_file() and args.storage is None:
+        if not StudyDir(study_dir).study_db.is_file() and args.storage is None:
             raise invalid("--resume", "a study directory holding study.db (or pass --storage)", args.resume)
     else:
         study_dir = new_run_dir(args.runs_dir, f"tune-{script.stem}", name=args.run_name).path
@@ -594,7 +590,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     initial_params: list[dict[str, Any]] = []
     seeded: list[str] = []
-    profile_dir = study_dir / "profile"
+    profile_dir = StudyDir(study_dir).profile
     if args.main_job and not profile_dir.is_dir():
         code, initial_params, seeded = _baseline_profile(
             args, argv, config, script, profile_dir, console, space_args=space_args, space_options=space_options)
@@ -621,7 +617,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         )
     _print_study_result(result, console)
     if not args.main_job:
-        run_cmd = _shell_join(["torsh-tune", "run", "--config", result.files.get("best.toml", ""), args.script,
+        run_cmd = _shell_join(["torsh-tune", "run", "--config", str(StudyDir(study_dir).best_toml), args.script,
                                *args.script_args])
         console.print(f"run it: {run_cmd}", markup=False)
         return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
@@ -882,7 +878,7 @@ def _short(v: Any) -> str:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    path = Path(args.study) / "best.toml"
+    path = StudyDir(args.study).best_toml
     if not path.is_file():
         raise invalid("STUDY", "a study directory holding best.toml", args.study)
     load_config_file(path)  # refuse to print something `--config` would reject

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..records import RECORD_KINDS, columns_of
-from ..rundir import RunDir
+from ..rundir import RunDir, world_size_of
 
 __all__ = ["RunFrames", "compact_run", "load_run"]
 
@@ -82,7 +82,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFrames:
     config = _read_json(rd.config_json, warnings, required=False) or {}
     if not info:
         warnings.append("run.json is missing: run status unknown")
-    world_size = _world_size(ranks, meta, info, config)
+    world_size = world_size_of(ranks, meta, info, config)
     seen = set(ranks) | set(int(r) for r in frames["steps"]["rank"].unique())
     missing = [r for r in range(world_size) if r not in seen]
     if missing:
@@ -252,18 +252,3 @@ def _read_json(path: Path, warnings: list[str], *, required: bool) -> dict[str, 
         warnings.append(f"{path.name} is not a JSON object")
         return None
     return data
-
-
-def _world_size(ranks: list[int], meta: dict[int, dict], info: dict, config: dict) -> int:
-    """The largest world size any document states, or the ranks seen."""
-    candidates = [max(ranks) + 1 if ranks else 0]
-    candidates += [int(m["world_size"]) for m in meta.values() if isinstance(m.get("world_size"), int)]
-    for doc in (info.get("config") if isinstance(info.get("config"), dict) else {}, config):
-        launch = doc.get("launch") if isinstance(doc, dict) else None
-        if isinstance(launch, dict):
-            nproc, nnodes = launch.get("nproc_per_node"), launch.get("nnodes", 1)
-            if isinstance(nproc, int) and isinstance(nnodes, int):
-                candidates.append(nproc * nnodes)
-    if isinstance(info.get("world_size"), int):
-        candidates.append(info["world_size"])
-    return max(candidates)

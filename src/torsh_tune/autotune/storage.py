@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import invalid
+from ..rundir import StudyDir
 
 __all__ = ["JOURNAL_PREFIX", "check_storage", "open_storage", "shown_url"]
 
@@ -80,7 +81,7 @@ def open_storage(storage: str | None, study_dir: Path) -> tuple[str, Any]:
     import optuna
 
     if storage is None:
-        storage = f"sqlite:///{(study_dir / 'study.db').resolve()}"
+        storage = StudyDir(study_dir).sqlite_url()
     if storage.startswith(JOURNAL_PREFIX):
         path = _check_journal(storage)
         try:

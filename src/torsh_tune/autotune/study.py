@@ -52,7 +52,7 @@ import pandas as pd
 from ..config import RunConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..fabric import CommModel, load_model
-from ..rundir import RunDir, write_json_atomic, write_text_atomic
+from ..rundir import RunDir, StudyDir, write_json_atomic, write_text_atomic
 from .ablation import Ablation, PairedRuns, ablate, paired_stats
 from .dataguard import DataCheck, check_data, run_fingerprints
 from .objective import effective_settings, loss_check, loss_deviation, trial_constraints
@@ -422,6 +422,7 @@ def tune(
         pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=pruner_percentile,
         warmup_steps=pruner_warmup_steps, startup_trials=pruner_startup_trials)
     root = Path(study_dir)
+    layout = StudyDir(root)
     root.mkdir(parents=True, exist_ok=True)
     storage_url, storage_obj = open_storage(storage, root)
     t_start = time.monotonic()
@@ -449,7 +450,7 @@ def tune(
 
     def launch(config: RunConfig, where: str, name: str, *, trial=None) -> MeasuredRun:
         """One run; an optimisation trial's (single objective) reports to the pruner."""
-        run_dir = fresh_run_dir(root / where, name)
+        run_dir = fresh_run_dir(layout.runs(where), name)
         watch = None
         if trial is not None and not multi:
             watch = TrialPruning(trial, run_dir.path, num_ranks=num_ranks, percentile=prune_percentile, unit=unit)
@@ -653,16 +654,16 @@ def tune(
         best_ci=best_ci,
         best_config=best_config,
         interrupted=interrupted,
-        files={name: str(root / name) for name in ("best.toml", "trials.csv", "trials.parquet", "result.json")},
+        files={name: str(layout.file(name)) for name in StudyDir.RESULT_FILES},
         objectives=objectives,
         pareto=pareto,
         confirmation_notes=tuple(confirm_notes),
         data_guard=dict(study.user_attrs.get("data_guard") or {}),
         ablation=ablation,
     )
-    write_text_atomic(root / "best.toml", dump_toml(best_config))
-    _write_trials_csv(root / "trials.csv", trials)
-    write_json_atomic(root / "result.json", result.to_dict())
+    write_text_atomic(layout.best_toml, dump_toml(best_config))
+    _write_trials_csv(layout.trials_csv, trials)
+    write_json_atomic(layout.result_json, result.to_dict())
     return result
 
 

@@ -36,7 +36,7 @@ import pandas as pd
 from ..analysis import load_run
 from ..errors import invalid
 from ..reports import TuningInfo, get_tuning_info, render_tuning_markdown, write_tuning_reports
-from ..rundir import write_json_atomic, write_text_atomic
+from ..rundir import StudyDir, write_json_atomic, write_text_atomic
 from .objective import loss_by_step, loss_check, loss_deviation, throughput_of
 
 __all__ = ["SUMMARY_SCHEMA", "build_summary", "rebuild_summary", "render_markdown", "write_summary"]
@@ -77,7 +77,7 @@ def build_summary(
         ConfigError: `study_dir` holds no result.json.
     """
     root = Path(study_dir)
-    if not (root / "result.json").is_file():
+    if not StudyDir(root).result_json.is_file():
         raise invalid("STUDY", "a study directory holding result.json", str(study_dir))
     info = get_tuning_info(root, summary={})
     best_trial = info.best["trial"]
@@ -90,7 +90,7 @@ def build_summary(
     else:
         baseline_side = _side((info.baseline or {}).get("run_dirs", []))
         best_side = None
-    best_toml = str(root / "best.toml")
+    best_toml = str(StudyDir(root).best_toml)
     unit = info.study.get("unit") or "samples/s"
     summary: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA,
@@ -119,7 +119,7 @@ def build_summary(
             "run": shlex.join(["torsh-tune", "run", "--config", best_toml, script, *script_args]),
             "apply": shlex.join(["torsh-tune", "apply", str(root)]),
         },
-        "files": {name: str(root / name) for name in ("best.toml", "result.json", "trials.csv", "trials.parquet")},
+        "files": {name: str(root / name) for name in StudyDir.RESULT_FILES},
     }
     if study_command:
         summary["commands"]["study"] = shlex.join(list(study_command))
@@ -137,7 +137,7 @@ def write_summary(study_dir: str | os.PathLike[str], summary: Mapping[str, Any])
     """
     root = Path(study_dir)
     info = get_tuning_info(root, summary=summary)
-    out = {"summary.json": root / "summary.json", "summary.md": root / "summary.md"}
+    out = {name: StudyDir(root).file(name) for name in ("summary.json", "summary.md")}
     write_json_atomic(out["summary.json"], dict(summary))
     write_text_atomic(out["summary.md"], render_tuning_markdown(info, full=False))
     out.update({f"report.{fmt}": p for fmt, p in write_tuning_reports(info, root).items()})
@@ -156,17 +156,18 @@ def rebuild_summary(study_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         None for a study without result.json (still running: nothing confirmed to measure).
     """
     root = Path(study_dir)
-    if not (root / "result.json").is_file():
+    study_files = StudyDir(root)
+    if not study_files.result_json.is_file():
         return None
     try:
-        old = json.loads((root / "summary.json").read_text())
+        old = json.loads(study_files.summary_json.read_text())
     except (OSError, ValueError):
         old = {}
     info = get_tuning_info(root, summary={})
     script, script_args = old.get("script"), old.get("script_args")
     if script is None:
         script, script_args = _baseline_script(info)
-    profile = root / "profile"
+    profile = study_files.profile
     study = (old.get("commands") or {}).get("study")
     return build_summary(
         root, script=script, script_args=script_args or (),

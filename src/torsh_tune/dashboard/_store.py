@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from ..analysis import RunAnalysis, RunFrames, analyze_run
 from ..records import RECORD_KINDS, columns_of
 from ..reports import TuningInfo, get_tuning_info
-from ..rundir import RunDir
+from ..rundir import RunDir, StudyDir, is_study_dir, world_size_of
 from ._security import RUN_ID_RE, RunNotFound, resolve_run
 from ._traces import TraceCache, TraceView, list_trace_windows, resolve_window
 
@@ -43,19 +43,7 @@ _RANK_FILE_RE = re.compile(r"^rank(\d+)\.(steps|comm|system)\.jsonl$")
 _RANK_DOC_RE = re.compile(r"^rank(\d+)\.(meta|exit)\.json$")
 _DONE = ("ok", "budget")
 _KEYS = ("rank", "step", "seq")
-# The files a TuningInfo is read from: a change to any of them rebuilds it.
-_STUDY_FILES = ("result.json", "study.db", "summary.json", "trials.parquet", "trials.csv")
 _STUDY_STATUS = {"finished": "finished", "running": "running", "interrupted": "failed"}
-
-
-def is_study_dir(path: Path) -> bool:
-    """A study directory: results, an Optuna storage, trial tables or the main job's first steps, and no run.json."""
-    if (path / "result.json").is_file():
-        return True
-    if (path / "run.json").is_file():
-        return False
-    return any((path / n).is_file() for n in ("study.db", "trials.csv")) or any(
-        (path / d).is_dir() for d in ("baseline", "profile", "trials"))
 
 
 def status_class(info: dict[str, Any]) -> str:
@@ -259,8 +247,8 @@ class RunStore:
         for e in entries:
             if not RUN_ID_RE.match(e.name) or not e.is_dir(follow_symlinks=False):
                 continue
-            p = Path(e.path)
-            if (p / "run.json").is_file() or (p / "ranks").is_dir() or is_study_dir(p):
+            run = RunDir(e.path)
+            if run.run_json.is_file() or run.ranks.is_dir() or is_study_dir(run.path):
                 ids.append(e.name)
         return sorted(ids, reverse=True)
 
@@ -298,9 +286,11 @@ class RunStore:
         with cache.lock:
             if not is_study_dir(cache.path):
                 raise RunNotFound(run_id)
-            sig = tuple((n, _stat_key(cache.path / n)) for n in _STUDY_FILES)
+            study = StudyDir(cache.path)
+            # A change to any file the TuningInfo is read from rebuilds it.
+            sig = tuple((n, _stat_key(study.file(n))) for n in StudyDir.INFO_FILES)
             if cache.tuning is None or sig != cache.tuning_signature:
-                db = cache.path / "study.db"
+                db = study.study_db
                 # Read-only: opening the storage for writing could change the study under its tuner.
                 storage = f"sqlite:///file:{db.resolve()}?mode=ro&uri=true" if db.is_file() else None
                 cache.tuning = get_tuning_info(cache.path, storage=storage if _storage_is_newer(cache.path) else None)
@@ -529,7 +519,7 @@ class RunStore:
             info=info,
             config=config,
             ranks=tuple(sorted(seen)),
-            world_size=_world_size(seen, meta, info, config),
+            world_size=world_size_of(seen, meta, info, config),
             warnings=tuple(warnings + [w for t in cache.tails.values() for w in t.warnings]),
         )
         cache.signature = sig
@@ -567,24 +557,10 @@ def _is_sorted(df: pd.DataFrame, cols: list[str]) -> bool:
     return bool(((da > 0) | (np.diff(b) >= 0)).all())
 
 
-def _world_size(ranks: set[int], meta: dict[int, dict], info: dict, config: dict) -> int:
-    """The largest world size any document states, or the ranks seen."""
-    candidates = [max(ranks) + 1 if ranks else 0]
-    candidates += [int(m["world_size"]) for m in meta.values() if isinstance(m.get("world_size"), int)]
-    if isinstance(info.get("world_size"), int):
-        candidates.append(info["world_size"])
-    for doc in (info.get("config"), config):
-        launch = doc.get("launch") if isinstance(doc, dict) else None
-        if isinstance(launch, dict) and isinstance(launch.get("nproc_per_node"), int):
-            nnodes = launch.get("nnodes", 1)
-            candidates.append(launch["nproc_per_node"] * (nnodes if isinstance(nnodes, int) else 1))
-    return max(candidates)
-
-
-
-def _storage_is_newer(study: Path) -> bool:
+def _storage_is_newer(path: Path) -> bool:
     """Whether get_tuning_info would read study.db (no result.json, or a storage written after it)."""
-    db, result = study / "study.db", study / "result.json"
+    study = StudyDir(path)
+    db, result = study.study_db, study.result_json
     if not db.is_file():
         return False
     try:

@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import invalid
+from ..rundir import StudyDir
 from ._info import JsonDocument
 
 __all__ = ["IMPORTANCE_METHOD", "TUNING_SCHEMA_VERSION", "TuningInfo", "get_tuning_info"]
@@ -184,12 +185,13 @@ def get_tuning_info(
     """
     root = Path(study_dir)
     warnings: list[str] = []
-    result_path, db_path = root / "result.json", root / "study.db"
+    study = StudyDir(root)
+    result_path, db_path = study.result_json, study.study_db
     result = _read_json(result_path, warnings)
     live = storage is not None or (db_path.is_file() and (result is None or _newer(db_path, result_path)))
     stored: dict[str, Any] | None = None
     if live:
-        stored = _read_storage(storage or f"sqlite:///{db_path.resolve()}", study_name, warnings)
+        stored = _read_storage(storage or study.sqlite_url(), study_name, warnings)
     if stored is not None:
         source, doc = "storage", stored
         if result is not None:
@@ -200,7 +202,7 @@ def get_tuning_info(
         source, doc = "result.json", result
     else:
         source, doc = _read_table(root, warnings)
-        if doc is None and not any((root / d).is_dir() for d in ("baseline", "trials")):
+        if doc is None and not any(study.runs(d).is_dir() for d in ("baseline", "trials")):
             raise invalid("STUDY", "a study directory (holding result.json, study.db or trials.csv)", str(study_dir))
     doc = doc or {"trials": []}
     locate = _Locator(root, doc.get("study_dir"))
@@ -281,7 +283,7 @@ def _newer(a: Path, b: Path) -> bool:
 
 
 def _read_summary(root: Path, result_path: Path, warnings: list[str]) -> dict[str, Any] | None:
-    path = root / "summary.json"
+    path = StudyDir(root).summary_json
     summary = _read_json(path, warnings)
     if summary is not None and result_path.is_file() and _newer(result_path, path):
         warnings.append("summary.json is older than result.json: its migration checks are left out "

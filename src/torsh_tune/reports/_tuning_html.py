@@ -11,11 +11,12 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..rundir import StudyDir
 from ._format import fmt_bytes, fmt_loss_deviation, fmt_samples_s, migration_cell
 from ._html import _CSS, _e
 from ._json import _write_atomic
 from ._tuning import TuningInfo
-from ._tuning_markdown import ABLATION_COLUMNS, STUDY_FILES, _status_text, _title, ablation_table, loss_cell
+from ._tuning_markdown import ABLATION_COLUMNS, _status_text, _title, ablation_table, loss_cell
 from .figures import params_text, varying_params
 
 __all__ = ["render_tuning_html", "write_tuning_html"]
@@ -275,7 +276,7 @@ def _reproduce(s: Mapping[str, Any]) -> list[str]:
 
 def _files(info: TuningInfo) -> list[str]:
     root = Path(info.study.get("study_dir") or ".")
-    names = [n for n in STUDY_FILES if (root / n).exists()]
+    names = [n for n in StudyDir.REPORTED_FILES if StudyDir(root).file(n).exists()]
     if not names:
         return []
     return ["<h2>Files</h2>", "<ul>"] + [f"<li>{_e(n)}: <code>{_e(root / n)}</code></li>" for n in names] + ["</ul>"]

@@ -7,15 +7,15 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..rundir import StudyDir
 from ._format import fmt_bytes, fmt_loss_deviation, fmt_param, fmt_samples_s, migration_cell
 from ._json import _write_atomic
 from ._tuning import TuningInfo
 from .figures import params_text, varying_params
 
-__all__ = ["ABLATION_COLUMNS", "STUDY_FILES", "ablation_table", "render_tuning_markdown", "write_tuning_markdown"]
+__all__ = ["ABLATION_COLUMNS", "ablation_table", "render_tuning_markdown", "write_tuning_markdown"]
 
 #: The study's own files a report lists (those that exist).
-STUDY_FILES = ("best.toml", "result.json", "trials.csv", "trials.parquet", "summary.json", "summary.md")
 
 _CHECK = {True: "pass", False: "**fail**", None: "–"}
 _TOP_TRIALS = 5
@@ -289,7 +289,7 @@ def _reproduce(s: Mapping[str, Any]) -> list[str]:
 
 def _files(info: TuningInfo) -> list[str]:
     root = Path(info.study.get("study_dir") or ".")
-    names = [n for n in STUDY_FILES if (root / n).exists()]
+    names = [n for n in StudyDir.REPORTED_FILES if StudyDir(root).file(n).exists()]
     if not names:
         return []
     return ["## Files", ""] + [f"- {name}: `{root / name}`" for name in names] + [""]
