@@ -83,7 +83,8 @@ class BudgetConfig:
     steps: int | None = _f(
         None, "Measured optimizer steps after warm-up; the script is stopped cleanly on every rank after them."
     )
-    warmup_steps: int = _f(5, "Steps excluded from statistics at the start of the run.")
+    warmup_steps: int = _f(5, "Steps excluded from statistics at the start of the run (more when a DataLoader's "
+                                 "workers prefetched batches before the loop: those steps are warm-up too).")
     timeout_s: float | None = _f(None, "Wall-clock limit of the whole run in seconds.")
     no_progress_timeout_s: float = _f(
         300.0, "A run that writes no step record for this many seconds is a hang and is stopped."

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from torsh_tune.autotune import TuneResult, build_space, tune
-from torsh_tune.autotune.ablation import PairedRuns, ablate, round_params
+from torsh_tune.autotune.ablation import PairedRuns, ablate, cannot_be_kept, paired_stats, round_params
 from torsh_tune.config import RunConfig
 from torsh_tune.importers import load_config_file
 from torsh_tune.reports import get_tuning_info, render_tuning_markdown
@@ -95,14 +95,20 @@ def test_rounding_and_the_greedy_order_on_the_space():
                               "dataloader.prefetch_factor": 4})
     rounded = round_params(winner, space)
     assert rounded["ddp.bucket_cap_mb"] == 61.0 and rounded["compression.ratio"] == 0.012
-    tested = []
+    tested, pairs = [], []
 
     def speed(params):  # a pure speed model: the workers make it 2x faster, nothing else counts
         return 2.0 if params.get("dataloader.num_workers") else 1.0
 
-    def measure(a, b, name):
+    def measure(a, b, name, stop):
         tested.append(name)
-        return PairedRuns(ratios=(speed(b) / speed(a),) * 3, run_dirs=((name, name),) * 3)
+        ratios = []
+        for _ in range(3):  # the study's loop: `stop` ends the pairs once the verdict is decided
+            if stop is not None and stop(ratios, 3):
+                break
+            ratios.append(speed(b) / speed(a))
+        pairs.append(len(ratios))
+        return PairedRuns(ratios=tuple(ratios), run_dirs=((name, name),) * len(ratios))
 
     abl = ablate(winner, base, trial_number=7, space=space, measure=measure, noise_rel=0.05,
                  rng=np.random.default_rng(0))
@@ -110,4 +116,17 @@ def test_rounding_and_the_greedy_order_on_the_space():
     assert tested == ["compression.method", "ddp.bucket_cap_mb", "dataloader.prefetch_factor",
                       "dataloader.num_workers"]
     assert [e.knob for e in abl.effects if e.kept] == ["dataloader.num_workers"]
+    # A passenger's first pair (1.0x: not faster with it) decides its verdict; the workers get all 3.
+    assert pairs == [1, 1, 1, 3]
     assert abl.params == space.normalize({**base, "dataloader.num_workers": 3})
+
+
+@pytest.mark.parametrize(("ratios", "pairs", "settled"), [
+    ([], 3, False), ([1.3], 3, False), ([1.3, 1.2], 3, False), ([0.99], 3, True), ([1.3, 1.0], 3, True),
+    ([0.9], 7, False), ([0.9, 1.5, 0.95], 7, True), ([0.9], 1, True),
+])
+def test_the_pairs_stop_once_the_knob_cannot_be_kept(ratios, pairs, settled):
+    assert cannot_be_kept(ratios, pairs) is settled
+    if settled:  # whatever the remaining pairs measure, the bootstrap's lower bound stays at or below 1
+        full = list(ratios) + [1e6] * (pairs - len(ratios))
+        assert not paired_stats(full, noise_rel=0.0, rng=np.random.default_rng(1))[3]

@@ -229,3 +229,58 @@ def test_dataloaders_run_with_the_runs_overrides(installed):
     assert meta["dataloaders"] == [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False}]
     assert out["positional_error"] == ("DataLoader arguments must be passed by keyword after batch_sampler when "
                                        "overrides apply, but got 'positional'")
+
+
+LOADER_SCENARIO = """
+import json, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torsh_tune.config import DistEnv, RunConfig
+from torsh_tune.rundir import RunDir
+from torsh_tune.runtime import patches
+from torsh_tune.runtime.budget import StepBudgetReached
+from torsh_tune.runtime.context import RankRuntime
+
+run_dir, config, workers, prefetch = sys.argv[1], RunConfig.from_json(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rt = RankRuntime(config, RunDir(run_dir), env=DistEnv.one_node(rank=0, world_size=1))
+patches.install(rt)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+kwargs = {"num_workers": workers, "prefetch_factor": prefetch} if workers else {}
+loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=4, **kwargs)
+steps = 0
+try:
+    for (x,) in loader:
+        model(x).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+except StepBudgetReached:
+    pass
+rt.finish("budget")
+print(json.dumps({"steps": steps}))
+"""
+
+
+@pytest.mark.parametrize(("workers", "prefetch", "warmup"), [(2, 3, 6), (1, 1, 2), (0, 0, 2)])
+def test_the_dataloaders_startup_stock_is_warm_up(tmp_path, workers, prefetch, warmup):
+    """Steps that eat the batches workers filled before the loop never wait for data: they are warm-up."""
+    run = RunDir(tmp_path / "run")
+    config = {"budget": {"warmup_steps": 2, "steps": 3}, "profiler": {"flush_interval_s": 60}}
+    proc = subprocess.run([sys.executable, "-c", LOADER_SCENARIO, str(run.path), json.dumps(config), str(workers),
+                           str(prefetch)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = read_jsonl(run.rank_file(0, "steps"))
+    meta = json.loads(run.rank_file(0, "meta").read_text())
+    # The measured window keeps its 3 steps; the warm-up covers the stock when it is longer than the configured 2.
+    assert [s["warmup"] for s in steps] == [True] * warmup + [False] * 3
+    # The budget ended the last step inside its optimizer.step(): the script counted one fewer.
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"steps": warmup + 3 - 1}
+    notes = [n for n in meta["notes"] if n.startswith("warm-up extended")]
+    if warmup > 2:
+        assert meta["warmup_steps"] == warmup and notes == [
+            f"warm-up extended by {warmup - 2} step(s) to {warmup}: the DataLoader's {workers} worker(s) x "
+            f"prefetch_factor {prefetch} = {workers * prefetch} batches were ready before the loop, so those steps "
+            f"never waited for data"]
+    else:
+        assert "warmup_steps" not in meta and notes == []

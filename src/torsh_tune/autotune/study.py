@@ -459,10 +459,16 @@ def tune(
             watch.finish()  # every index, so later trials are compared at any step
         return run
 
-    def paired(a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int) -> PairedRuns:
-        """A and B interleaved (A B A B ...): B / A throughput per pair (A is the baseline side)."""
+    def paired(a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int,
+               stop: Callable[[Sequence[float], int], bool] | None = None) -> PairedRuns:
+        """A and B interleaved (A B A B ...): B / A throughput per pair (A is the baseline side).
+
+        `stop(ratios, pairs)` ends the pairs early once the measured ones decide the verdict.
+        """
         ratios, dirs, failures = [], [], []
         for i in range(pairs):
+            if stop is not None and stop(ratios, pairs):
+                break
             a = launch(a_config, where, f"{name}-{i}-A")
             if on_run:
                 on_run(f"{where}-A", a)
@@ -627,8 +633,9 @@ def tune(
             # Every change reverted is the user's configuration itself (not trial 0's spelled-out defaults).
             return run_config if dict(params) == reverted else space.to_config(run_config, params)
 
-        def measure(a: Mapping[str, Any], b: Mapping[str, Any], name: str) -> PairedRuns:
-            return paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs)
+        def measure(a: Mapping[str, Any], b: Mapping[str, Any], name: str,
+                    stop: Callable[[Sequence[float], int], bool] | None) -> PairedRuns:
+            return paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs, stop)
 
         ablation = ablate(best.params, space.baseline_params(), trial_number=best.trial_number, space=space,
                           measure=measure, noise_rel=baseline.noise_rel, rng=rng)

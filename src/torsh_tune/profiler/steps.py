@@ -63,6 +63,16 @@ class StepTracker:
         self.device_errors: list[str] = []  # steps whose events could not be read (kept on the host clock)
         self._reset()
 
+    @property
+    def warmup_steps(self) -> int:
+        return self._warmup
+
+    def extend_warmup(self, until: int) -> int:
+        """Steps before `until` are warm-up too; returns how many steps that added."""
+        added = max(0, until - self._warmup)
+        self._warmup += added
+        return added
+
     def use_device_clock(self, peak_memory: Callable[[], int] | None = None) -> None:
         """From the next step on, measure phases and NCCL collectives on the CUDA device."""
         if self.device_events is None:

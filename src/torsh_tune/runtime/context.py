@@ -48,6 +48,7 @@ class RankRuntime:
         self._cuda: bool | None = None
         self.on_cuda = False
         self.steps_done = 0
+        self._loader_checked = False  # the first DataLoader iterator's start-up stock (on_loader_started)
         budget = config.budget
         self.budget_total = None if budget.steps is None else budget.warmup_steps + budget.steps
         enabled = config.profiler.enabled and run_dir is not None
@@ -210,6 +211,35 @@ class RankRuntime:
         )
 
     # -- facts ------------------------------------------------------------------------
+    def on_loader_started(self, workers: int, prefetch: int | None, step: int) -> None:
+        """The first DataLoader iterator's first batch arrived at `step`: its start-up stock is warm-up.
+
+        Worker processes fill `workers x prefetch_factor` batches while the script is still
+        setting up (model, DDP, the first collectives); the steps that consume that stock never
+        wait for data, so a short window would measure start-up time, not the loader's steady
+        rate (a 6-step window showed 8x for workers whose steady gain is 2x). When the iterator
+        starts inside the warm-up, the warm-up runs until the stock is consumed, and the step
+        budget grows by the same steps so the measured window keeps its length. The data
+        fingerprint keeps its window: the samples compared between runs stay the same steps.
+        Ranks run the same script and config, so every rank extends by the same steps.
+        """
+        if self._loader_checked:
+            return
+        self._loader_checked = True
+        stock = workers * (prefetch or 0)
+        if not stock or step >= self.tracker.warmup_steps:
+            return
+        added = self.tracker.extend_warmup(step + stock)
+        if not added:
+            return
+        if self.budget_total is not None:
+            self.budget_total += added
+        self.meta["warmup_steps"] = self.tracker.warmup_steps
+        self.note(f"warm-up extended by {added} step(s) to {self.tracker.warmup_steps}: the DataLoader's "
+                  f"{workers} worker(s) x prefetch_factor {prefetch} = {stock} batches were ready before the "
+                  f"loop, so those steps never waited for data")
+        self.save_meta()
+
     def note(self, message: str) -> None:
         self.meta["notes"].append(message)
 

@@ -270,6 +270,8 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         if not getattr(self, "_torsh_seen", False):
             self._torsh_seen = True
             _record_loader(rt, self)
+            workers = int(self._num_workers)
+            rt.on_loader_started(workers, getattr(self, "_prefetch_factor", None) if workers else None, tracker.step)
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__
@@ -402,7 +404,6 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
 
     state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False}
     tracker = rt.tracker
-    budget_total = rt.budget_total
     traces = rt.traces
     profiled = rt.config.profiler.enabled
 
@@ -439,7 +440,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         rt.steps_done = done
         if traces is not None:
             traces.on_step_end(done, t1)
-        if budget_total is not None and done >= budget_total:
+        if rt.budget_total is not None and done >= rt.budget_total:  # the warm-up may grow it (on_loader_started)
             raise StepBudgetReached(done)
 
     register_optimizer_step_pre_hook(pre)
