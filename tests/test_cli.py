@@ -458,7 +458,7 @@ def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise(
 
     from rich.console import Console
 
-    from torsh_tune.cli import _StudyProgress
+    from torsh_tune.reports._terminal import StudyProgress
 
     def trial(number, samples_s, state="COMPLETE", status="feasible"):
         return SimpleNamespace(number=number, samples_s=samples_s, state=state, constraint_status=status,
@@ -472,7 +472,7 @@ def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise(
     for terminal in (True, False):
         out = io.StringIO()
         console = Console(file=out, force_terminal=terminal, width=160, highlight=False)
-        with _StudyProgress(console, n_trials=3, baseline_runs=1, confirm_runs=2) as progress:
+        with StudyProgress(console, n_trials=3, baseline_runs=1, confirm_runs=2) as progress:
             for kind, *what in events:
                 progress.on_run(*what) if kind == "run" else progress.on_trial(*what)
         text = out.getvalue()

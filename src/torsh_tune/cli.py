@@ -393,15 +393,9 @@ def _profiled_run(args: argparse.Namespace, argv: Sequence[str], config: RunConf
         if server is not None:
             server.shutdown()
     if reference is not None:
-        from .rundir import write_json_atomic
+        from .launch.runinfo import record_reference
 
-        info = json.loads(run_dir.run_json.read_text())
-        info["reference_busbw_gbps"] = reference
-        if args.reference_bench:
-            info["reference_bench"] = str(Path(args.reference_bench).resolve())
-        else:
-            info["reference_source"] = "emulated"  # the link's configured rate, not a measurement
-        write_json_atomic(run_dir.run_json, info)
+        record_reference(run_dir, reference, bench_run=args.reference_bench or None)
     return _finish_run(config, run_dir, outcome, console)
 
 
@@ -409,14 +403,13 @@ def _launch_with_status(config: RunConfig, run_dir: Any, script: Path, script_ar
                         argv: Sequence[str] | None, console: Any, quiet: bool) -> Any:
     """`launch_run` with a live status line (step i/N, last step time) and the script's output echoed."""
     from .launch import launch_run
+    from .reports._terminal import run_progress_text
 
     total = None if config.budget.steps is None else config.budget.steps + config.budget.warmup_steps
     with console.status("starting torchrun …") as status:
 
         def on_progress(p: Any) -> None:
-            steps = f"{p.steps_done}/{total}" if total else str(p.steps_done)
-            last = f" · last step {p.last_step_s * 1e3:.1f} ms" if p.last_step_s else ""
-            status.update(f"step {steps}{last} · {p.elapsed_s:.0f} s · {p.ranks_reporting} rank(s) reporting")
+            status.update(run_progress_text(p, total))
 
         def echo_line(line: str) -> None:
             if not quiet:
@@ -447,10 +440,9 @@ def _finish_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
 
 def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> tuple[int, Any]:
     """Analyse a finished run, write its reports, print its summary: (exit status, RunAnalysis or None)."""
-    from rich.markup import escape
-
     from .analysis import analyze_run, compact_run
     from .reports import build_report_info, render_summary, write_reports
+    from .reports._terminal import render_outcome
 
     if outcome.status == "config_error":
         print(f"torsh-tune: error: {outcome.message}", file=sys.stderr)
@@ -459,18 +451,9 @@ def _report_run(config: RunConfig, run_dir: Any, outcome: Any, console: Any) -> 
     analysis = analyze_run(run_dir.path, thresholds=config.thresholds)
     write_reports(analysis, run_dir.path, formats=RUN_END_FORMATS)
     render_summary(build_report_info(analysis), console)
+    render_outcome(outcome, run_dir.logs, console)
     if outcome.status == "ok":
-        for warning in outcome.warnings:  # an abort at exit after every rank finished: torchrun's report is in logs/
-            console.print(f"warning: {warning}", markup=False, highlight=False)
         return EXIT_OK, analysis
-    # The classification and the failing rank's last words; torchrun's own account of the
-    # failure (its traceback and banner) was kept off the terminal and stays in logs/.
-    console.print(f"[bold red]run {outcome.status}[/]: {escape(outcome.message)}")
-    if outcome.stderr_tail:
-        whose = "the" if outcome.failing_rank is None else f"rank {outcome.failing_rank}'s"
-        console.print(f"{whose} last output lines (all output in {run_dir.logs}):", markup=False, highlight=False)
-    for line in outcome.stderr_tail[-10:]:
-        console.print(f"  {line}", markup=False, highlight=False)
     return (EXIT_INTERRUPTED if outcome.status == "interrupted" else EXIT_FAILED), analysis
 
 
@@ -516,6 +499,7 @@ def cmd_report_study(args: argparse.Namespace) -> int:
 
     from .autotune.summary import rebuild_summary
     from .reports import TUNING_REPORT_FORMATS, get_tuning_info, write_tuning_reports
+    from .reports._terminal import render_report_warnings, render_study_summary, render_study_verdict
 
     formats = tuple(args.formats or TUNING_REPORT_FORMATS)
     for f in formats:
@@ -526,14 +510,10 @@ def cmd_report_study(args: argparse.Namespace) -> int:
     paths = write_tuning_reports(info, args.out or args.run, formats=formats)
     console = Console(highlight=False)
     if summary is not None:
-        _print_summary(summary, {f"report.{k}": str(p) for k, p in paths.items()}, console)
+        render_study_summary(summary, {f"report.{k}": str(p) for k, p in paths.items()}, console)
     else:
-        v = info.verdict
-        console.print(f"[bold yellow]{v['title']}.[/] {v['text']}")
-        for fmt, path in paths.items():
-            console.print(f"report.{fmt}: {path}", markup=False)
-    for warning in info.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+        render_study_verdict(info, paths, console)
+    render_report_warnings(info.warnings, console)
     return EXIT_OK
 
 
@@ -544,6 +524,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from rich.console import Console
 
     from .autotune import build_space, load_space_file, tune
+    from .reports._terminal import StudyProgress, render_study_result, render_study_summary
     from .autotune.storage import check_storage, shown_url
     from .rundir import new_run_dir
 
@@ -598,7 +579,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
             console.print("the baseline profile did not succeed: no study was started")
             return code
 
-    progress = _StudyProgress(console, n_trials=args.trials, baseline_runs=args.baseline_repeats,
+    progress = StudyProgress(console, n_trials=args.trials, baseline_runs=args.baseline_repeats,
                               confirm_runs=2 * args.confirm_top * args.confirm_pairs)
     with progress, _removed_if_refused(study_dir, keep=bool(args.resume)):
         result = tune(
@@ -615,7 +596,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
             pruner_startup_trials=args.pruner_startup_trials, max_peak_mem_bytes=args.max_peak_mem_bytes,
             reference_bench=args.reference_bench,
         )
-    _print_study_result(result, console)
+    render_study_result(result, console)
     if not args.main_job:
         run_cmd = _shell_join(["torsh-tune", "run", "--config", str(StudyDir(study_dir).best_toml), args.script,
                                *args.script_args])
@@ -630,7 +611,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         study_command=["torsh-tune", *argv],
     )
     files = write_summary(study_dir, summary)
-    _print_summary(summary, files, console)
+    render_study_summary(summary, files, console)
     return EXIT_INTERRUPTED if result.interrupted else EXIT_OK
 
 
@@ -663,6 +644,7 @@ def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: Run
         (exit status, initial trial parameters, the titles of the recommendations they test).
     """
     from .autotune import advisor_params, build_space, measure_run
+    from .reports._terminal import render_seeded_recommendations
     from .rundir import new_run_dir
 
     steps = config.budget.steps or STUDY_DEFAULT_STEPS
@@ -682,199 +664,15 @@ def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: Run
                for r in analysis.recommendations if not r.config_patch]
     seeds = advisor_params(rows, space, skipped=skipped)
     titles = {int(r["rank"]): str(r["name"]) for r in rows}
-    for rank, _ in seeds:
-        console.print(f"  recommendation #{rank} becomes a trial: {titles[rank]}", markup=False)
-    for line in skipped:
-        console.print(f"  recommendation not tried: {line}", markup=False)
+    render_seeded_recommendations([(rank, titles[rank]) for rank, _ in seeds], skipped, console)
     console.print("[bold]2. study[/] (baseline repeats, trials, confirmation)")
     return EXIT_OK, [params for _, params in seeds], [titles[rank] for rank, _ in seeds]
-
-
-def _print_study_result(result: Any, console: Any) -> None:
-    b = result.baseline
-    console.print(f"baseline: {b.median_samples_s:,.1f} {b.unit} (run-to-run noise {100 * b.noise_rel:.1f} %)")
-    for c in result.confirmations:
-        if c.speedup is None:
-            console.print(f"trial {c.trial_number}: not confirmed ({'; '.join(c.failures) or 'no successful pair'})")
-            continue
-        verdict = "[green]confirmed faster[/]" if c.better else "not better beyond noise"
-        console.print(f"trial {c.trial_number}: paired speedup {c.speedup:.3f}x (95 % CI {c.ci_low:.3f}–{c.ci_high:.3f}) — {verdict}")
-    for note in result.confirmation_notes:
-        console.print(note, markup=False)
-    for knob, guard in result.data_guard.items():
-        console.print(f"{knob} left the search at trial {guard['trial']}: {guard['reason']}", markup=False)
-    if result.best_trial is None:
-        console.print("no configuration beat the baseline beyond noise: best.toml is your configuration as it is")
-    elif result.ablation is None or not result.ablation.better:
-        console.print(f"best: trial {result.best_trial} at {result.best_speedup:.3f}x — {result.best_params}")
-    a = result.ablation
-    if a is not None:
-        _print_ablation(a, console)
-    for name, path in result.files.items():
-        console.print(f"{name}: {path}")
-
-
-def _print_ablation(a: Any, console: Any) -> None:
-    """The minimal best config: each kept knob with its measured share, each dropped one as no measurable effect."""
-    if a.speedup is not None:
-        state = "confirmed faster, in best.toml" if a.better else "not confirmed faster: best.toml keeps the winner"
-        console.print(f"[bold]minimal best config[/] (trial {a.trial_number} reduced): {a.speedup:.3f}x "
-                      f"(95 % CI {a.ci_low:.3f}–{a.ci_high:.3f}), {state}")
-    for name, (found, rounded) in sorted(a.rounded.items()):
-        console.print(f"  rounded {name}: {found!r} -> {rounded!r}", markup=False)
-    for e in sorted(a.effects, key=lambda e: (not e.kept, -(e.share or 0.0))):
-        if e.kept and e.share is not None:
-            console.print(f"  {e.knob} = {_short(e.value)}: {100 * e.share:.0f} % of the speedup (95 % CI "
-                          f"{100 * e.share_ci[0]:.0f}–{100 * e.share_ci[1]:.0f} %; {e.ratio:.3f}x with it)", markup=False)
-        elif e.kept:
-            console.print(f"  {e.knob} = {_short(e.value)}: kept ({e.verdict})", markup=False)
-        else:
-            measured = f" ({e.ratio:.3f}x with it)" if e.ratio is not None else ""
-            console.print(f"  {e.knob} = {_short(e.value)}: dropped, no measurable effect{measured}", markup=False)
-    for note in a.notes:
-        console.print(f"  {note}", markup=False)
-
-
-def _print_summary(summary: dict[str, Any], files: dict[str, str], console: Any) -> None:
-    """The study report's essentials on the terminal (the rest is in report.html / report.md)."""
-    from rich.table import Table
-
-    from .reports import migration_cell
-
-    v = summary["verdict"]
-    style = "bold green" if v["confirmed"] else "bold yellow"
-    console.print(f"[{style}]{v['title']}.[/] {v['text']}")
-    table = Table(title="baseline vs best (ToRSh migration checks)", title_justify="left")
-    for col in ("metric", "baseline", "best", "change", "rule", "check"):
-        table.add_column(col)
-    for m in summary["migration"]:
-        table.add_row(m["label"], migration_cell(m, "baseline"), migration_cell(m, "best"), migration_cell(m, "change"),
-                      m["rule"], {True: "[green]pass[/]", False: "[red]fail[/]", None: "—"}[m["ok"]])
-    console.print(table)
-    console.print("reproduce:")
-    for name in ("run", "apply"):
-        console.print(f"  {summary['commands'][name]}", markup=False, highlight=False, soft_wrap=True)
-    for name, path in files.items():
-        console.print(f"{name}: {path}", markup=False)
 
 
 def _shell_join(parts: Sequence[str]) -> str:
     import shlex
 
     return shlex.join([str(p) for p in parts])
-
-
-class _StudyProgress:
-    """Progress of a study: trial i/N, state, objective, best so far and ETA.
-
-    A live table on a terminal; one plain line per run otherwise (pipes, CI, tests).
-    """
-
-    _ROWS = 12
-
-    def __init__(self, console: Any, *, n_trials: int, baseline_runs: int, confirm_runs: int) -> None:
-        import time
-
-        self.console, self.n_trials = console, n_trials
-        self.baseline_runs, self.confirm_runs = baseline_runs, confirm_runs
-        self.baseline_done = self.trials_done = self.confirm_done = self.ablation_done = self.runs = 0
-        self.best: float | None = None
-        self.unit = "samples/s"
-        self.rows: list[tuple[str, ...]] = []
-        self.t0 = self.t_last = time.monotonic()
-        self.run_s: list[float] = []
-        self.live: Any = None
-
-    def __enter__(self) -> "_StudyProgress":
-        if self.console.is_terminal:
-            from rich.live import Live
-
-            self.live = Live(self, console=self.console, refresh_per_second=2, transient=False)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.live is not None:
-            self.live.__exit__(*exc)
-
-    def _tick(self) -> None:
-        import time
-
-        now = time.monotonic()
-        self.run_s.append(now - self.t_last)
-        self.t_last = now
-
-    def eta(self) -> str:
-        """Remaining runs times the median run so far; '?' before the first run ends and during the
-        ablation (how many knobs it keeps decides how many runs it takes)."""
-        if not self.run_s or self.ablation_done:
-            return "?"
-        left = (max(self.baseline_runs - self.baseline_done, 0) if self.trials_done == 0 else 0)
-        left += max(self.n_trials - self.trials_done, 0) + max(self.confirm_runs - self.confirm_done, 0)
-        run_s = sorted(self.run_s)[len(self.run_s) // 2]
-        return _duration(left * run_s)
-
-    def on_run(self, kind: str, run: Any) -> None:
-        self._tick()
-        if kind == "baseline":
-            self.baseline_done += 1
-            label = f"baseline ({self.baseline_done}/{self.baseline_runs})"
-        elif kind.startswith("ablation"):
-            self.ablation_done += 1
-            label = f"{kind} ({self.ablation_done})"
-        else:
-            self.confirm_done += 1
-            label = f"{kind} ({self.confirm_done}/{self.confirm_runs})"
-        tp = run.measurement.throughput if run.measurement is not None else None
-        if tp is not None:
-            self.unit = tp.unit  # the baseline's unit is the study's
-        value = f"{tp.median_samples_s:,.1f} {tp.unit}" if tp is not None else f"{run.failure_reason}"
-        self._emit((label, run.state, value, "", ""),
-                   f"  {label:<19} {run.state:<8} {value:<28} {'':<18} ETA {self.eta()}")
-
-    def on_trial(self, t: Any) -> None:
-        self._tick()
-        self.trials_done = max(self.trials_done, t.number + 1)
-        state = "VIOLATED" if t.constraint_status == "violated" else t.state
-        if t.samples_s and t.constraint_status != "violated":
-            self.best = max(self.best or 0.0, t.samples_s)
-        obj = f"{t.samples_s:,.1f} {self.unit}" if t.samples_s else (t.failure_reason or "")
-        top = f"best {self.best:,.1f}" if self.best else ""
-        params = ", ".join(f"{k}={_short(v)}" for k, v in sorted(t.params.items()))
-        role = f" ({t.role})" if t.role in ("advisor", "initial", "model", "recommendation") else ""
-        done = f"({self.trials_done}/{self.n_trials})"
-        self._emit((f"trial {t.number} {done}", state, obj, f"{self.best:,.1f}" if self.best else "", params + role),
-                   f"  trial {t.number:>3} {done:<9} {state:<8} {obj:<28} {top:<18} ETA {self.eta():<7} "
-                   f"{params}{role}")
-
-    def _emit(self, row: tuple[str, ...], line: str) -> None:
-        self.rows.append(row)
-        if self.live is None:
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    def __rich__(self) -> Any:
-        import time
-
-        from rich.table import Table
-
-        elapsed = _duration(time.monotonic() - self.t0)
-        best = f"{self.best:,.1f} {self.unit}" if self.best else "—"
-        table = Table(title=f"trial {self.trials_done}/{self.n_trials} · best {best} · elapsed {elapsed} · "
-                            f"ETA {self.eta()}", title_justify="left", expand=False)
-        for col in ("run", "state", "objective", "best so far", "parameters"):
-            table.add_column(col, overflow="fold")
-        for row in self.rows[-self._ROWS:]:
-            table.add_row(*row)
-        return table
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def _short(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -968,9 +766,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import time
 
     from rich.console import Console
-    from rich.table import Table
 
     from .analysis.traces import analyze_traces
+    from .reports._terminal import render_trace_analysis
     from .reports._traces import write_trace_reports
 
     path = Path(args.path)
@@ -982,27 +780,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     analyses = [(w, analyze_traces(w, hta_rounding=args.hta_rounding, thresholds=thresholds)) for w in windows]
     console = Console(highlight=False)
     for window, analysis in analyses:
-        table = Table(title=f"trace analysis: {window}")
-        for col in ("rank", "idle %", "compute %", "non-compute %", "comm s", "exposed comm s", "overlap %"):
-            table.add_column(col, justify="right")
-        merged = analysis.breakdown.merge(analysis.overlap, on="rank", how="left", suffixes=("", "_o"))
-        for row in merged.to_dict(orient="records"):
-            table.add_row(
-                str(row["rank"]),
-                *(f"{row.get(k, float('nan')):.2f}" for k in ("idle_pct", "compute_pct", "non_compute_pct")),
-                *(f"{row.get(k, float('nan')):.4f}" for k in ("comm_s", "exposed_comm_s")),
-                f"{row.get('overlap_pct', float('nan')):.2f}",
-            )
-        console.print(table)
-        s = analysis.summary
-        if s.get("straggler_rank") is not None:
-            console.print(f"last to arrive at collectives most often: rank {s['straggler_rank']} "
-                          f"({s.get('straggler_last_share_pct', 0):.0f} %)")
-        for b in analysis.bottlenecks:
-            console.print(f"{b.severity:<8} {b.category:<13} {b.message}", markup=False, soft_wrap=True)
         target = out / window.name if len(analyses) > 1 else out
-        for fmt, p in write_trace_reports(analysis, target).items():
-            console.print(f"analysis ({fmt}): {p}")
+        render_trace_analysis(window, analysis, console, write_trace_reports(analysis, target))
     return EXIT_OK
 
 
@@ -1033,6 +812,7 @@ def cmd_import_config(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
+    from .reports._terminal import advice_lines
     from .strategies.advisor import advice_table, advise
 
     candidates = advise(
@@ -1045,13 +825,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_OK
-    for row in rows:
-        fits = {True: "fits", False: "does not fit", None: "memory unknown"}[row["fits"]]
-        print(f"{row['rank']}. {row['name']}  (score {row['score']:g}; {row['memory_per_rank_gb']:g} GB model state "
-              f"per rank, {fits})")
-        print(f"   patch: {json.dumps(row['config_patch'])}")
-        for reason in row["reasons"]:
-            print(f"   - {reason}")
+    for line in advice_lines(rows):
+        print(line)
     return EXIT_OK
 
 

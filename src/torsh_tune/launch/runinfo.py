@@ -25,7 +25,7 @@ from ..rundir import RunDir, write_json_atomic
 from .outcome import RunOutcome
 
 __all__ = ["RUN_INFO_SCHEMA_VERSION", "finish_run_info", "process_alive", "process_identity", "read_run_info",
-           "start_run_info"]
+           "record_reference", "start_run_info"]
 
 RUN_INFO_SCHEMA_VERSION = 1
 
@@ -146,5 +146,24 @@ def finish_run_info(run_dir: RunDir, outcome: RunOutcome, *, finished_at: float 
             "outcome": outcome.to_dict(),
         }
     )
+    write_json_atomic(run_dir.run_json, info)
+    return info
+
+
+def record_reference(run_dir: RunDir, busbw_gbps: float, *, bench_run: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Record in run.json the bus bandwidth `network` findings compare against, and return run.json.
+
+    Args:
+        run_dir: The finished run.
+        busbw_gbps: The reference bus bandwidth in GB/s.
+        bench_run: The `torsh-tune bench` run that measured it; None when it is an emulated
+            cluster's configured link rate (not a measurement).
+    """
+    info = read_run_info(run_dir)
+    info["reference_busbw_gbps"] = busbw_gbps
+    if bench_run is not None:
+        info["reference_bench"] = str(Path(bench_run).resolve())
+    else:
+        info["reference_source"] = "emulated"  # the link's configured rate, not a measurement
     write_json_atomic(run_dir.run_json, info)
     return info
