@@ -11,11 +11,16 @@ from dataclasses import dataclass, fields
 
 __all__ = [
     "CommRecord",
+    "PHASE_ANNOTATION_PREFIX",
     "RECORD_KINDS",
     "StepRecord",
     "SystemRecord",
     "columns_of",
 ]
+
+# Inside a trace window the phase probes annotate their phases as PREFIX + forward / backward /
+# optimizer (`profiler.traces`); the trace analysis maps each to its kernels' device span.
+PHASE_ANNOTATION_PREFIX = "torsh-tune::"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -245,6 +245,11 @@ def test_a_real_run_reports_its_self_check(real_run):
     assert all(r["num_steps"] == 8 and r["always_on_clock"] == "host" and r["always_on_clock_recorded"]
                for r in check["per_rank"])
     assert "Self-check against trace window step00004-00011" in stdout
+    assert all(r["trace_compute_basis"] == "operators" for r in check["per_rank"])
+    # Inside the window the phase probes annotate their phases: forward, backward and the optimizer
+    # of the 8 traced steps (and of the step whose boundary closes the window, if it began inside).
+    phases = analyze_traces(run / "traces" / "step00004-00011").phases
+    assert list(phases["rank"]) == [0, 1] and (phases["num_phases"] >= 3 * 8).all()
     assert "## Self-check against the traces" in (run / "report" / "report.md").read_text()
 
 

@@ -204,3 +204,22 @@ def test_probes_are_invisible_to_torch_compile(capture):
     assert list(tracker.comm_done) == []
     step(torch.ones(4))  # the same function run eagerly is recorded
     assert [r["collective"] for r in _records(tracker)] == ["all_reduce"]
+
+
+class _OnCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: what the capture looks at to learn the script trains there."""
+
+    is_cuda = property(lambda self: True)
+
+
+def test_the_first_collective_on_cuda_tensors_switches_the_device_clock_on_once(capture):
+    cap, tracker = capture
+    _fake()
+    calls = []
+    cap._on_cuda = lambda: calls.append(tracker.step)
+    dist.all_reduce(torch.ones(4))
+    dist.all_gather([torch.empty(4), torch.empty(4)], torch.ones(4))
+    assert calls == []  # CPU tensors: nothing learned
+    dist.all_reduce(torch.ones(4).as_subclass(_OnCuda))
+    dist.all_gather([torch.empty(4).as_subclass(_OnCuda)] * 2, torch.ones(4))
+    assert calls == [0]  # once, at the first one: a hand-written NCCL all-reduce before the first step

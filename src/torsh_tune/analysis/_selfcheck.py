@@ -9,8 +9,9 @@ metric                 always-on (step records of the compared steps)  trace (`a
 =====================  ==============================================  ==========================================
 step time              median ``step_s``                               median ``ProfilerStep#`` span (host), else
                                                                        span / steps
-compute share          (forward + backward compute + optimizer) /      ``compute_pct`` (`temporal_breakdown`)
-                       step time (`phase_frame`)
+compute share          (forward + backward compute + optimizer) /      CPU: ``compute_pct`` (`temporal_breakdown`);
+                       step time (`phase_frame`)                       GPU: the phases' kernel spans less exposed
+                                                                       comm (`phase_table`), kernel busy time beside
 communication share    ``comm_s`` / step time                          ``comm_s`` / span (`comm_overlap`)
 exposed comm share     ``exposed_comm_s`` / step time                  ``exposed_comm_s`` / span (`comm_overlap`)
 =====================  ==============================================  ==========================================
@@ -140,6 +141,7 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
     t = trace.tables
     breakdown = {int(r["rank"]): r for r in t["breakdown"].rows()}
     overlap = {int(r["rank"]): r for r in t["overlap"].rows()}
+    phases = {int(r["rank"]): r for r in t["phases"].rows()} if "phases" in t else {}
     spans = t["steps"]
     rows = []
     covered: list[int] = []
@@ -176,7 +178,7 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             "trace_step_clock": "host" if prof else "device" if gpu else "host",
             **ao,
             "trace_step_s": trace_step_s,
-            "trace_compute_pct": float(b["compute_pct"]),
+            **_trace_compute(b, phases.get(rank)),
             "trace_comm_pct": _share(o.get("comm_s"), span_s),
             "trace_exposed_comm_pct": _share(o.get("exposed_comm_s"), span_s),
         }
@@ -195,6 +197,23 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         overall=overall,
         findings=_findings(rows, overall, threshold_pp, first, last),
     )
+
+
+def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> dict[str, Any]:
+    """The trace's compute share, on the always-on tier's basis where the trace allows.
+
+    On a GPU the always-on phases are CUDA-event spans, idle gaps between kernels included: the
+    trace's counterpart is the span of the kernels launched inside each phase annotation
+    (`traces.phase_table`). Kernel busy time is kept beside it. On a CPU, and on a GPU trace
+    without phase annotations (recorded before they existed), the main thread's operators
+    and kernels are the basis.
+    """
+    kernels = float(breakdown["compute_pct"])
+    if breakdown["device"] == "gpu" and phases is not None:
+        return {"trace_compute_pct": float(phases["phase_compute_pct"]), "trace_compute_basis": "phase kernel spans",
+                "trace_kernel_compute_pct": kernels}
+    basis = "kernels" if breakdown["device"] == "gpu" else "operators"
+    return {"trace_compute_pct": kernels, "trace_compute_basis": basis, "trace_kernel_compute_pct": kernels}
 
 
 def _always_on(records: pd.DataFrame) -> dict[str, Any]:
@@ -234,12 +253,12 @@ def _overall(rows: list[dict[str, Any]], *, num_steps: int) -> dict[str, Any]:
         v = v[np.isfinite(v)]
         return float(v.mean()) if v.size else float("nan")
 
-    keys = [k for k in rows[0] if k.startswith(("always_on_", "trace_")) and not k.endswith(("clock", "recorded"))]
+    keys = [k for k in rows[0] if k.startswith(("always_on_", "trace_")) and not k.endswith(("clock", "recorded", "basis"))]
     out: dict[str, Any] = {
         "rank": None,
         "num_steps": num_steps,
         **{c: "+".join(sorted({str(r[c]) for r in rows})) for c in ("always_on_clock", "trace_clock",
-                                                                     "trace_step_clock")},
+                                                                     "trace_step_clock", "trace_compute_basis")},
         "always_on_clock_recorded": all(r["always_on_clock_recorded"] for r in rows),
         **{k: mean(k) for k in keys},
     }

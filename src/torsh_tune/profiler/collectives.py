@@ -18,8 +18,9 @@ Clocks (design principle 6):
 The time the training thread itself blocks in `Work.wait()` is recorded as the
 collective's `blocked_s` (host time): with synchronous calls, the whole call.
 
-DDP's builtin C++ all-reduce never reaches Python: the reducer's own timers cover it on
-CPU, and on CUDA DDP is given a Python all-reduce hook so that its buckets come here.
+DDP's builtin C++ all-reduce never reaches Python: the reducer's own timers cover it (host
+time on CPU, its sampled CUDA timers on a GPU); a Python comm hook's collectives come here
+with their bucket.
 Probes are invisible to `torch.compile`: while Dynamo traces, the originals run.
 """
 
@@ -146,6 +147,18 @@ def _walk_issuer(frame: Any) -> str:
     return "user"
 
 
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """The first tensor of a tensor, a (nested) list of tensors, or a list of P2POps."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = _first_tensor(getattr(v, "tensor", v))
+            if t is not None:
+                return t
+    return None
+
+
 def _nbytes_dtype(value: Any) -> tuple[int, Any]:
     """Bytes and dtype (a torch.dtype, or None) of a tensor, a (nested) list of tensors, or a list of P2POps."""
     if isinstance(value, torch.Tensor):
@@ -179,9 +192,12 @@ class CollectiveCapture:
     per kind, built and encoded once (`_s`).
     """
 
-    def __init__(self, tracker: StepTracker, *, rank: int) -> None:
+    def __init__(self, tracker: StepTracker, *, rank: int, on_cuda: Callable[[], None] | None = None) -> None:
         self.tracker = tracker
         self.rank = rank
+        # Called once, at the first collective on CUDA tensors (the script trains on CUDA): a
+        # hand-written all-reduce before the first optimizer step is on the device clock already.
+        self._on_cuda = on_cuda
         self._local = threading.local()  # depth of nested calls; the DDP bucket being reduced
         self._groups: dict[int, _GroupInfo] = {}
         self._default: _GroupInfo | None = None  # the default group's, until it is destroyed
@@ -291,8 +307,11 @@ class CollectiveCapture:
                 if local.dtype is not None:
                     record["dtype"] = str(local.dtype).removeprefix("torch.")
             else:
-                nbytes, dtype = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
-                                              args[i_size] if len(args) > i_size else None)
+                value = kwargs.get(size_arg) if size_arg in kwargs else args[i_size] if len(args) > i_size else None
+                nbytes, dtype = _nbytes_dtype(value)
+                if self._on_cuda is not None and getattr(_first_tensor(value), "is_cuda", False):
+                    on_cuda, self._on_cuda = self._on_cuda, None
+                    on_cuda()
                 record = self._begin(op, group, nbytes, dtype, issuer, async_op)
                 local.depth, local.record = 1, None
                 try:

@@ -25,6 +25,12 @@ The capture cost of a window on a rank is the time its steps took beyond the med
 outside windows; starting the profiler happens inside the first window step and is part of
 it, while stopping and exporting happen between two steps and are reported apart
 (``stop_s``, ``export_s``) and kept out of the next step record.
+
+Inside a window the always-on phase probes also annotate their phases (``torsh-tune::forward``,
+``torsh-tune::backward``, ``torsh-tune::optimizer``, `PHASE_ANNOTATION`): the trace analysis
+maps each to the device span of the kernels launched inside it, which is what the always-on
+tier's CUDA events measure, so the self-check compares like with like on a GPU (principle 8).
+Outside windows a probe pays one attribute test.
 """
 
 from __future__ import annotations
@@ -40,10 +46,14 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 from ..config import ProfilerConfig
+from ..records import PHASE_ANNOTATION_PREFIX
 from ..rundir import RunDir
 from ._clock import now
 
-__all__ = ["ANOMALY_SYNC_EVERY_STEPS", "TraceWindows", "window_name"]
+__all__ = ["ANOMALY_SYNC_EVERY_STEPS", "PHASE_ANNOTATION", "TraceWindows", "window_name"]
+
+PHASE_ANNOTATION = PHASE_ANNOTATION_PREFIX + "{phase}"
+"""Name of the trace annotation a phase probe opens inside a window (phase: forward, backward, optimizer)."""
 
 ANOMALY_SYNC_EVERY_STEPS = 10
 """Steps between the anomaly agreements (one async 1 x world_size all-reduce each)."""
@@ -125,6 +135,29 @@ class TraceWindows:
         if self._explicit is not None and self._explicit[0] == 0:
             # Step 0 has no boundary before it: its window starts now, before the script runs.
             self._begin(_Window(0, self._explicit[1], "explicit", None), now())
+
+    @property
+    def recording(self) -> bool:
+        """A window is open: phase probes annotate their phases."""
+        return self._open is not None
+
+    def annotate(self, phase: str) -> Any:
+        """Open `phase`'s annotation in the window being recorded; None outside windows.
+
+        Close it with `end_annotation` before the step boundary that may end the window.
+        """
+        if self._open is None:
+            return None
+        from torch.autograd.profiler import record_function
+
+        scope = record_function(PHASE_ANNOTATION.format(phase=phase))
+        scope.__enter__()
+        return scope
+
+    @staticmethod
+    def end_annotation(scope: Any) -> None:
+        if scope is not None:
+            scope.__exit__(None, None, None)
 
     # -- the hook -------------------------------------------------------------------------
     def on_step_end(self, steps_done: int, t_end: float) -> None:

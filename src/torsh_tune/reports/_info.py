@@ -235,8 +235,17 @@ def self_check_clocks(check: dict[str, Any]) -> str:
     what = {"device": "GPU kernels", "host": "CPU operators and gloo worker spans"}.get(str(trace), "mixed")
     step = o.get("trace_step_clock")
     step_what = "ProfilerStep# spans" if step == "host" else "span / steps"
+    basis = {"phase kernel spans": "; trace compute: the spans of the kernels launched in each probed phase, "
+                                   "idle gaps included, as the always-on CUDA events measure "
+                                   f"(kernels busy {_pct(o.get('trace_kernel_compute_pct'))})",
+             "kernels": "; trace compute: kernel busy time (the trace has no phase annotations: idle gaps "
+                        "inside phases count for the always-on side only)"}.get(str(o.get("trace_compute_basis")), "")
     return (f"always-on: {o.get('always_on_clock')} clock ({recorded}); trace: {trace} clock ({what}), "
-            f"step time {step} clock ({step_what})")
+            f"step time {step} clock ({step_what}){basis}")
+
+
+def _pct(value: Any) -> str:
+    return f"{value:.1f} %" if isinstance(value, (int, float)) and value == value else "n/a"
 
 
 def self_check_table(check: dict[str, Any], *, max_ranks: int | None = None,

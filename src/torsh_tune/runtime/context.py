@@ -78,7 +78,7 @@ class RankRuntime:
             "notes": [],
         }
         self.sampler: SystemSampler | None = None
-        self._fwd: tuple[float, Any, int] | None = None
+        self._fwd: tuple[float, Any, int, Any] | None = None  # (t0, start event, batch, trace annotation)
         # Modules whose forward is probed, and those whose batches are not the step's samples
         # (a GAN's second network).
         self.probed_modules: set[Any] = set()
@@ -332,15 +332,18 @@ class RankRuntime:
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
-        self._fwd = (now(), events.record() if events is not None else None, batch)
+        scope = self.traces.annotate("forward") if self.traces is not None and self.traces.recording else None
+        self._fwd = (now(), events.record() if events is not None else None, batch, scope)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling() or self._fwd is None:
             return
-        t0, ev0, batch = self._fwd
+        t0, ev0, batch, scope = self._fwd
         self._fwd = None
         ev1 = self.tracker.device_events.record() if ev0 is not None else None
-        self.tracker.on_forward(t0, now(), batch, (ev0, ev1) if ev0 is not None else None)
+        t1 = now()
+        TraceWindows.end_annotation(scope)
+        self.tracker.on_forward(t0, t1, batch, (ev0, ev1) if ev0 is not None else None)
 
     @staticmethod
     def _cuda_peak() -> int:

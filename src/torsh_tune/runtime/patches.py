@@ -21,6 +21,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
 from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
+from ..profiler.traces import TraceWindows
 from ..strategies.collectives import HierarchicalState
 from ..strategies.ddp import comm_hook_of, ddp_kwargs
 from .budget import StepBudgetReached
@@ -38,7 +39,7 @@ def install(rt: "RankRuntime") -> None:
         return
     torch._torsh_tune_patched = True  # type: ignore[attr-defined]
     if rt.config.profiler.enabled and rt.writer is not None:
-        rt.collectives = CollectiveCapture(rt.tracker, rank=rt.rank)
+        rt.collectives = CollectiveCapture(rt.tracker, rank=rt.rank, on_cuda=rt.training_on_cuda)
         rt.collectives.install()
     _patch_init_process_group(rt)
     _patch_ddp(rt)
@@ -326,6 +327,7 @@ def _patch_backward(rt: "RankRuntime") -> None:
         return
     original = torch.autograd.backward
     tracker = rt.tracker
+    traces = rt.traces
     scaled = _patch_grad_scaler_scale()
 
     @functools.wraps(original)
@@ -341,11 +343,13 @@ def _patch_backward(rt: "RankRuntime") -> None:
         if not profiled:
             return original(tensors, *args, **kwargs)
         events = tracker.device_events
+        scope = traces.annotate("backward") if traces is not None and traces.recording else None
         ev0 = events.record() if events is not None else None
         t0 = now()
         try:
             return original(tensors, *args, **kwargs)
         finally:
+            TraceWindows.end_annotation(scope)
             # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
             # host memory on the stream now: read once the step's events completed, it needs no sync.
             keep = tracker.wants_loss() and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
@@ -402,7 +406,7 @@ def _pinned_copy(loss: torch.Tensor) -> torch.Tensor:
 def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False}
+    state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False, "scope": None}
     tracker = rt.tracker
     traces = rt.traces
     profiled = rt.config.profiler.enabled
@@ -413,6 +417,8 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         if state["owner"] is None:
             _first_optimizer_step(rt, optimizer)
         events = tracker.device_events
+        if traces is not None and traces.recording and state["scope"] is None:
+            state["scope"] = traces.annotate("optimizer")
         state["ev0"] = events.record() if events is not None else None
         state["t0"] = now()
 
@@ -422,6 +428,9 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         t1 = now()
         ev0 = state["ev0"]
         ev1 = tracker.device_events.record() if ev0 is not None else None
+        # Closed before the step boundary, which may end the window.
+        TraceWindows.end_annotation(state["scope"])
+        state["scope"] = None
         tracker.on_optimizer(state["t0"], t1, (ev0, ev1) if ev0 is not None else None)
         # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:

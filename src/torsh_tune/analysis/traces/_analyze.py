@@ -17,6 +17,7 @@ from ._cross_rank import collective_timing, stragglers
 from ._findings import trace_findings
 from ._idle import IDLE_CAUSES, idle_by_stream, idle_causes, idle_segments
 from ._model import TraceSet, load_traces
+from ._phases import phase_table
 from ._table import Table
 from ._timeline import CommPatterns, Timeline, rank_timeline
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES = ("breakdown", "overlap", "collectives", "stragglers", "top_kernels", "steps", "idle_causes",
-          "idle_segments", "idle_streams")
+          "idle_segments", "idle_streams", "phases")
 
 
 class _Frame:
@@ -65,6 +66,8 @@ class TraceAnalysis:
         idle_streams: per (rank, CUDA stream), idle time split into host_wait /
             kernel_wait / other as HTA's ``get_idle_time_breakdown`` (`idle_by_stream`;
             no rows for CPU traces).
+        phases: per rank, the always-on phases as the trace saw them (their annotations'
+            kernel spans on a GPU: `phase_table`; no rows without annotations).
         timelines: the per-rank device timelines the tables were computed from.
         summary: headline numbers (plain JSON types) for reports and Bottleneck rules.
         bottlenecks: findings from the tables above, most severe first (`trace_findings`).
@@ -87,6 +90,7 @@ class TraceAnalysis:
     idle_causes = _Frame()
     idle_segments = _Frame()
     idle_streams = _Frame()
+    phases = _Frame()
 
 
 def _mean(t: Table, col: str) -> float | None:
@@ -165,7 +169,8 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     tables = {"breakdown": breakdown, "overlap": overlap, "collectives": coll, "stragglers": strag,
               "top_kernels": top_kernels(timelines, traces.symbols, limit=top_limit), "steps": steps,
               "idle_causes": causes, "idle_segments": segments,
-              "idle_streams": idle_by_stream(traces, timelines, hta_rounding=hta_rounding)}
+              "idle_streams": idle_by_stream(traces, timelines, hta_rounding=hta_rounding),
+              "phases": phase_table(traces, timelines)}
     analysis = TraceAnalysis(path=traces.path, tables=tables, timelines=timelines, summary=summary)
     bottlenecks, recommendations = trace_findings(analysis, thresholds)
     return replace(analysis, bottlenecks=bottlenecks, recommendations=recommendations)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...records import PHASE_ANNOTATION_PREFIX
 from . import _intervals as iv
 from ._model import RankTrace
 from ._symbols import SymbolTable
@@ -206,9 +207,11 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     # The main thread's operators, and its annotated Python work (a framework's hooks, the optimizer
     # step): the host's compute on CPU. Not the step markers, data loading or communication scopes.
     on_main = timed & (ev["tid"] == tid)
+    # torsh-tune's own phase annotations span communication waits too (phase_table reads them).
     annotated = (on_main & (ev["cat_id"] == symbols.id_of("user_annotation"))
                  & ~np.isin(names_all, symbols.ids_matching(
-                     rf"^ProfilerStep#|^enumerate\(DataLoader\)|{patterns.gloo_worker}|{patterns.comm_scopes}")))
+                     rf"^ProfilerStep#|^enumerate\(DataLoader\)|{patterns.gloo_worker}|{patterns.comm_scopes}"
+                     rf"|^{re.escape(PHASE_ANNOTATION_PREFIX)}")))
     main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated)
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
     is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))

@@ -1,0 +1,87 @@
+"""The always-on phases as a trace sees them (`phase_table`), and the self-check's compute basis on a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from torsh_tune.analysis import self_check
+from torsh_tune.analysis.traces import analyze_traces
+
+PID, TID, STREAM = 100, 100, 7
+
+
+def _x(name: str, cat: str, ts: float, dur: float, **args) -> dict:
+    gpu = cat in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0 if gpu else PID, "tid": STREAM if gpu else TID,
+            "ts": ts, "dur": dur, "args": ({"device": 0, "stream": STREAM} if gpu and cat != "gpu_user_annotation"
+                                            else {}) | args}
+
+
+def _launch(ts: float, corr: int, kernel_ts: float, kernel_dur: float, name: str = "gemm") -> list[dict]:
+    return [_x("cudaLaunchKernel", "cuda_runtime", ts, 5, correlation=corr),
+            _x(name, "kernel", kernel_ts, kernel_dur, correlation=corr)]
+
+
+def _trace(tmp_path, *, annotated: bool = True):
+    """Two ProfilerSteps (the second is cut off by the window, as the analysis assumes). In step 5 the
+    host launches forward kernels at 200 and 900 µs (the second runs at 2000-2500: the GPU lags) and a
+    backward kernel at 1300 (2600-3600); the GPU idles between them. The optimizer launches one at 3700."""
+    ev = [_x("ProfilerStep#5", "user_annotation", 0, 10_000), _x("ProfilerStep#6", "user_annotation", 10_000, 5_000)]
+    if annotated:
+        ev += [_x("torsh-tune::forward", "user_annotation", 100, 1000),
+               _x("torsh-tune::backward", "user_annotation", 1200, 1800),
+               _x("torsh-tune::optimizer", "user_annotation", 3650, 100),
+               # Kineto's device-side twin of an annotation: not a host span.
+               _x("torsh-tune::forward", "gpu_user_annotation", 300, 2200)]
+    ev += _launch(200, 1, 300, 100) + _launch(900, 2, 2000, 500) + _launch(1300, 3, 2600, 1000)
+    ev += _launch(3700, 4, 3800, 200, "adam")
+    ev += _launch(10_100, 5, 10_200, 300)  # step 6: dropped with its step
+    d = tmp_path / "w"
+    d.mkdir()
+    (d / "rank-0.json").write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1},
+                                               "traceEvents": ev}))
+    return analyze_traces(d)
+
+
+def test_a_phase_on_a_gpu_is_the_span_of_the_kernels_launched_inside_it(tmp_path):
+    a = _trace(tmp_path)
+    row = a.phases.set_index("rank").loc[0]
+    # forward 300-2500, backward 2600-3600, optimizer 3800-4000 over the span 300-4000 (step 6 dropped).
+    assert row["device"] == "gpu" and row["num_phases"] == 3
+    assert row["phase_s"] * 1e6 == pytest.approx(2200 + 1000 + 200)
+    assert row["phase_pct"] == pytest.approx(100 * 3400 / 3700)
+    assert row["phase_compute_pct"] == pytest.approx(row["phase_pct"])  # no communication to take out
+    # The kernels' busy time is far less: the GPU idled inside the forward.
+    assert a.breakdown.set_index("rank").loc[0, "compute_pct"] == pytest.approx(100 * 1800 / 3700)
+
+
+def test_the_gpu_self_check_compares_the_phases_with_their_kernel_spans(tmp_path):
+    a = _trace(tmp_path)
+    # Device-clock step records whose phases span what the trace's kernels span (3.4 of 3.7 ms).
+    steps = pd.DataFrame([{"rank": 0, "step": s, "step_s": 0.0037, "data_s": 0.0, "forward_s": 0.0022,
+                           "backward_s": 0.001, "optimizer_s": 0.0002, "comm_s": 0.0, "exposed_comm_s": 0.0,
+                           "clock": "device"} for s in (4, 5, 6)])
+    check = self_check(steps, a, window="w", window_steps=(5, 6), threshold_pp=5.0)
+    row = check.per_rank[0]
+    assert row["trace_compute_basis"] == "phase kernel spans"
+    assert row["compute_diff_pp"] == pytest.approx(0.0, abs=1e-6)
+    assert row["trace_kernel_compute_pct"] == pytest.approx(100 * 1800 / 3700)
+    assert not [f for f in check.findings if f["metric"] == "compute"]
+    assert check.overall["trace_compute_basis"] == "phase kernel spans"
+
+
+def test_a_gpu_trace_without_phase_annotations_falls_back_to_the_kernels(tmp_path):
+    a = _trace(tmp_path, annotated=False)
+    assert len(a.phases) == 0
+    steps = pd.DataFrame([{"rank": 0, "step": 5, "step_s": 0.0037, "data_s": 0.0, "forward_s": 0.0022,
+                           "backward_s": 0.001, "optimizer_s": 0.0002, "comm_s": 0.0, "exposed_comm_s": 0.0,
+                           "clock": "device"}])
+    check = self_check(steps, a, window="w", window_steps=(5, 6), threshold_pp=5.0)
+    row = check.per_rank[0]
+    assert row["trace_compute_basis"] == "kernels"
+    # The definitional gap of kernels vs phase spans shows, and is a finding.
+    assert row["compute_diff_pp"] == pytest.approx(100 * 3400 / 3700 - 100 * 1800 / 3700)
+    assert [f for f in check.findings if f["metric"] == "compute"]
