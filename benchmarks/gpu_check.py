@@ -62,7 +62,8 @@ def gpu_tests(timeout: float) -> dict[str, Any]:
                 timeout=timeout)
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", tail[0])}
-    failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    # The short summary's lines keep each failure's message: a lease may end before a rerun.
+    failed = [line[:400] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     return {"status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}", "wall_s": round(time.time() - t0, 1),
             **counts, "failed_tests": failed, "summary": tail[0]}
 
@@ -179,6 +180,8 @@ def _table(result: dict[str, Any]) -> str:
                 "median_bare_us", "median_torsh_us")
         brief = ", ".join(f"{k}={value[k]}" for k in keys if k in value and value[k] is not None)
         lines.append(f"{name:<34}{brief}")
+        for line in value.get("failed_tests") or []:
+            lines.append(f"{'  failed':<34}{line}")
         sc = value.get("self_check")
         if isinstance(sc, dict):
             lines.append(f"{'  self-check (always-on vs trace)':<34}" + ", ".join(f"{k}={v}" for k, v in sc.items()))

@@ -22,9 +22,10 @@ Layout, per window (a directory holding nothing but Kineto traces, so that HTA, 
     RUN/traces/windows.jsonl        one line per (window, rank): steps, reason, capture cost
 
 The capture cost of a window on a rank is the time its steps took beyond the median step
-outside windows; starting the profiler happens inside the first window step and is part of
-it, while stopping and exporting happen between two steps and are reported apart
-(``stop_s``, ``export_s``) and kept out of the next step record.
+outside windows, starting the profiler included (``start_s``); starting, stopping and
+exporting happen between two steps, are reported apart (``start_s``, ``stop_s``,
+``export_s``) and kept out of the step records, so the first traced step record spans what
+its ``ProfilerStep#`` spans.
 
 Inside a window the always-on phase probes also annotate their phases (``torsh-tune::forward``,
 ``torsh-tune::backward``, ``torsh-tune::optimizer``, `PHASE_ANNOTATION`): the trace analysis
@@ -262,6 +263,11 @@ class TraceWindows:
             return
         window.start_s = time.perf_counter() - t0
         self._open = window
+        if window.start > 0 and self._restart_step_clock is not None:
+            # Starting ran between two steps (CUPTI's start on a GPU: tens of ms): the first traced
+            # step record starts after it, as its ProfilerStep# does; the window's capture cost
+            # (its own step times, from the boundary) still counts it.
+            self._restart_step_clock(now())
 
     def _end(self, *, truncated: bool) -> None:
         window, self._open = self._open, None
