@@ -6,7 +6,7 @@ torch-free layers (analysis, reports, dashboard, autotune) stay torch-free.
 
 from typing import Any
 
-from .config import RunConfig, StrategyConfig
+from .config import RunConfig, StrategyConfig, StudyConfig
 from .errors import ConfigError, LaunchError, TorshTuneError, TrialError
 
 __version__ = "0.1.0"
@@ -16,6 +16,7 @@ __all__ = [
     "LaunchError",
     "RunConfig",
     "StrategyConfig",
+    "StudyConfig",
     "TorshTuneError",
     "TrialError",
     "__version__",

@@ -24,10 +24,14 @@ from typing import Any, Iterator, Sequence
 
 from . import __version__
 from .config import (
+    STUDY_DEFAULT_STEPS,
+    STUDY_PRUNERS,
+    STUDY_SAMPLERS,
     BudgetConfig,
     LaunchConfig,
     ProfilerConfig,
     RunConfig,
+    StudyConfig,
     help_of,
 )
 from .errors import ConfigError, TorshTuneError, invalid
@@ -37,8 +41,6 @@ from .rundir import StudyDir, is_study_dir
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SUBCOMMANDS = ("profile", "run", "tune", "apply", "report", "analyze", "compare", "dashboard", "bench", "import-config", "advise")
 RUN_END_FORMATS = ("json", "md", "html")
-#: Measured steps per run of a study when neither --steps nor the config sets them (autotune.study's default).
-STUDY_DEFAULT_STEPS = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -140,52 +142,58 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_study_options(p: argparse.ArgumentParser) -> None:
+    """The study's flags: help texts and defaults are `StudyConfig`'s fields'."""
+
+    def helped(name: str, *, default: bool = True) -> str:
+        value = getattr(StudyConfig, name, None)
+        shown = f" (default {value})" if default and value is not None and not isinstance(value, bool) else ""
+        return help_of(StudyConfig, name).replace("%", "%%") + shown
+
     g = p.add_argument_group("study")
-    g.add_argument("--trials", type=_POSITIVE_INT, default=20, help="Finished trials the study should hold (default 20; trial 0 = PyTorch defaults).")
-    g.add_argument("--sampler", choices=("tpe", "random", "gp", "cmaes"), default="tpe", help="Optuna sampler (default tpe).")
-    g.add_argument("--seed", type=_NON_NEGATIVE_INT, help="Sampler and bootstrap seed.")
-    g.add_argument("--storage", metavar="URL",
-                   help="Where the study lives (default sqlite in the study dir). Shared by tuners on several machines: "
-                   "journal:PATH on a file system they all mount, or a database server they all reach, "
-                   "postgresql://USER@HOST:PORT/DB (pip install torsh-tune[postgres]; the password in ~/.pgpass "
-                   "or PGPASSWORD). Checked before anything runs.")
-    g.add_argument("--study-name", default="torsh-tune", help="Optuna study name (default torsh-tune).")
+    g.add_argument("--trials", type=_POSITIVE_INT, default=StudyConfig.n_trials, help=helped("n_trials"))
+    g.add_argument("--sampler", choices=STUDY_SAMPLERS, default=StudyConfig.sampler, help=helped("sampler"))
+    g.add_argument("--seed", type=_NON_NEGATIVE_INT, help=helped("seed"))
+    g.add_argument("--storage", metavar="URL", help=helped("storage"))
+    g.add_argument("--study-name", default=StudyConfig.study_name, help=helped("study_name"))
     g.add_argument("--resume", metavar="STUDY_DIR", help="Continue the study in this directory (completed trials are kept).")
-    g.add_argument("--baseline-repeats", type=_POSITIVE_INT, default=3, help="Baseline launches; their spread is the noise (default 3).")
-    g.add_argument("--confirm-top", type=_NON_NEGATIVE_INT, default=2, help="Best trials re-run against the baseline (default 2).")
-    g.add_argument("--confirm-pairs", type=_POSITIVE_INT, default=3, help="Interleaved baseline/candidate pairs each (default 3).")
-    g.add_argument("--ablation-pairs", type=_NON_NEGATIVE_INT, metavar="N",
-                   help="Pairs per test of the ablation that keeps only the winner's changes whose removal costs "
-                   "speed beyond noise (default: --confirm-pairs; 0: best.toml is the winner as found).")
-    g.add_argument("--trial-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="Wall-clock limit of one trial.")
-    g.add_argument("--study-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help="No new trial starts after this.")
-    g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=0.01,
-                   help="A trial violates the loss guard when its mean loss is worse than the baseline's by more than "
-                   "this (relative, default 0.01) and beyond the baseline repeats' run-to-run spread (one-sided "
-                   "t-test at 1 %%).")
+    g.add_argument("--baseline-repeats", type=_POSITIVE_INT, default=StudyConfig.baseline_repeats,
+                   help=helped("baseline_repeats"))
+    g.add_argument("--confirm-top", type=_NON_NEGATIVE_INT, default=StudyConfig.confirm_top, help=helped("confirm_top"))
+    g.add_argument("--confirm-pairs", type=_POSITIVE_INT, default=StudyConfig.confirm_pairs,
+                   help=helped("confirm_pairs"))
+    g.add_argument("--ablation-pairs", type=_NON_NEGATIVE_INT, metavar="N", help=helped("ablation_pairs"))
+    g.add_argument("--trial-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help=helped("trial_timeout_s"))
+    g.add_argument("--study-timeout", type=_POSITIVE_FLOAT, metavar="SECONDS", help=helped("timeout_s"))
+    g.add_argument("--loss-tolerance", type=_POSITIVE_FLOAT, default=StudyConfig.loss_tolerance,
+                   help=helped("loss_tolerance"))
     g.add_argument("--space", metavar="FILE", help="TOML [space] table narrowing, widening or fixing dimensions.")
     g.add_argument("--no-compression", action="store_true", help="Do not search gradient compression.")
     g.add_argument("--api", action=argparse.BooleanOptionalAction, default=None,
-                   help="Search the strategy kind (DDP, FSDP, HSDP, pipeline) and its options: the script calls "
-                   "torsh_tune.parallelize (default: detected in the script's source).")
-    g.add_argument("--allow-batch-changes", action="store_true",
-                   help="Also search knobs that change the effective batch (gradient accumulation; API mode only); "
-                   "the data guard then accepts their change of the batch.")
-    g.add_argument("--objectives", default="throughput",
-                   help="Objectives, comma-separated: throughput, or throughput,loss (also minimise the loss deviation "
-                   "from the baseline; reports a Pareto front).")
-    g.add_argument("--pruner", choices=("none", "median", "percentile"), default="none",
-                   help="Stop trials whose running throughput falls behind the completed trials' at the same step "
-                   "(single objective only; default none).")
-    g.add_argument("--pruner-percentile", type=_POSITIVE_FLOAT, metavar="PCT",
-                   help="With --pruner percentile: the share of trials kept (default 25).")
-    g.add_argument("--pruner-warmup-steps", type=_NON_NEGATIVE_INT, metavar="N",
-                   help="Measured steps before a trial may be pruned (default 3).")
+                   help=helped("api_mode") + " (default: detected in the script's source)")
+    g.add_argument("--allow-batch-changes", action="store_true", help=helped("allow_batch_changes"))
+    g.add_argument("--objectives", default=",".join(StudyConfig.objectives),
+                   help=helped("objectives", default=False) + " Comma-separated (default throughput).")
+    g.add_argument("--pruner", choices=STUDY_PRUNERS, default=StudyConfig.pruner, help=helped("pruner"))
+    g.add_argument("--pruner-percentile", type=_POSITIVE_FLOAT, metavar="PCT", help=helped("pruner_percentile"))
+    g.add_argument("--pruner-warmup-steps", type=_NON_NEGATIVE_INT, metavar="N", help=helped("pruner_warmup_steps"))
     g.add_argument("--pruner-startup-trials", type=_NON_NEGATIVE_INT, metavar="N",
-                   help="Completed trials before any pruning (default 5).")
-    g.add_argument("--max-peak-mem-bytes", type=_POSITIVE_INT, metavar="BYTES",
-                   help="A trial whose peak memory (any rank; RSS on CPU) exceeds this violates a constraint.")
+                   help=helped("pruner_startup_trials"))
+    g.add_argument("--max-peak-mem-bytes", type=_POSITIVE_INT, metavar="BYTES", help=helped("max_peak_mem_bytes"))
     g.add_argument("--main-job", action="store_true", help=argparse.SUPPRESS)
+
+
+def _study_config(args: argparse.Namespace, config: RunConfig, *, api_mode: bool) -> StudyConfig:
+    """The study's options from its flags (the run budget from the run config's); validated."""
+    return StudyConfig(
+        n_trials=args.trials, sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
+        baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
+        ablation_pairs=args.ablation_pairs, steps=config.budget.steps, warmup_steps=config.budget.warmup_steps,
+        trial_timeout_s=args.trial_timeout, timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance,
+        max_peak_mem_bytes=args.max_peak_mem_bytes, objectives=tuple(args.objectives.split(",")), pruner=args.pruner,
+        pruner_percentile=args.pruner_percentile, pruner_warmup_steps=args.pruner_warmup_steps,
+        pruner_startup_trials=args.pruner_startup_trials, include_compression=not args.no_compression,
+        api_mode=api_mode, allow_batch_changes=args.allow_batch_changes, reference_bench=args.reference_bench,
+    ).validate()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -540,6 +548,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.allow_batch_changes and not api_mode:
         raise invalid("--allow-batch-changes", "used with a script that calls torsh_tune.parallelize (API mode, --api)",
                       args.script)
+    study = _study_config(args, config, api_mode=api_mode)
     cuda = _uses_cuda(config)
     if args.reference_bench:  # one line before anything runs: a bench run with a fitted model
         _reference_from_bench(args.reference_bench)
@@ -548,9 +557,9 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
         load_model(args.reference_bench)
     space_args: dict[str, Any] = {
         "nproc_per_node": config.launch.nproc_per_node, "cpu_count": os.cpu_count(), "cuda": cuda,
-        "include_compression": not args.no_compression, "spec": spec,
+        "include_compression": study.include_compression, "spec": spec,
     }
-    space_options = {"api_mode": api_mode, "allow_batch_changes": args.allow_batch_changes}
+    space_options = {"api_mode": study.api_mode, "allow_batch_changes": study.allow_batch_changes}
     # An invalid space is a one-line error before anything runs (the study rebuilds it after the baseline).
     space = build_space(**space_args, base=config, **space_options)
     if args.storage is not None:  # a bad URL, driver, server or journal path: one line, no study dir made
@@ -579,23 +588,12 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
             console.print("the baseline profile did not succeed: no study was started")
             return code
 
-    progress = StudyProgress(console, n_trials=args.trials, baseline_runs=args.baseline_repeats,
-                              confirm_runs=2 * args.confirm_top * args.confirm_pairs)
+    progress = StudyProgress(console, n_trials=study.n_trials, baseline_runs=study.baseline_repeats,
+                             confirm_runs=2 * study.confirm_top * study.confirm_pairs)
     with progress, _removed_if_refused(study_dir, keep=bool(args.resume)):
-        result = tune(
-            script, list(args.script_args), base_config=config, study_dir=study_dir, n_trials=args.trials,
-            sampler=args.sampler, seed=args.seed, storage=args.storage, study_name=args.study_name,
-            baseline_repeats=args.baseline_repeats, confirm_top=args.confirm_top, confirm_pairs=args.confirm_pairs,
-            ablation_pairs=args.ablation_pairs,
-            steps=config.budget.steps, warmup_steps=config.budget.warmup_steps, trial_timeout_s=args.trial_timeout,
-            timeout_s=args.study_timeout, loss_tolerance=args.loss_tolerance, space_spec=spec,
-            include_compression=not args.no_compression, cuda=cuda, cpu_count=os.cpu_count(),
-            initial_params=initial_params, on_trial=progress.on_trial, on_run=progress.on_run,
-            space_options=space_options, objectives=tuple(args.objectives.split(",")), pruner=args.pruner,
-            pruner_percentile=args.pruner_percentile, pruner_warmup_steps=args.pruner_warmup_steps,
-            pruner_startup_trials=args.pruner_startup_trials, max_peak_mem_bytes=args.max_peak_mem_bytes,
-            reference_bench=args.reference_bench,
-        )
+        result = tune(script, list(args.script_args), base_config=config, study=study, study_dir=study_dir,
+                      space_spec=spec, cuda=cuda, cpu_count=os.cpu_count(), initial_params=initial_params,
+                      on_trial=progress.on_trial, on_run=progress.on_run)
     render_study_result(result, console)
     if not args.main_job:
         run_cmd = _shell_join(["torsh-tune", "run", "--config", str(StudyDir(study_dir).best_toml), args.script,
@@ -606,7 +604,7 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .autotune.summary import build_summary, write_summary
 
     summary = build_summary(
-        study_dir, script=args.script, script_args=list(args.script_args), loss_tolerance=args.loss_tolerance,
+        study_dir, script=args.script, script_args=list(args.script_args), loss_tolerance=study.loss_tolerance,
         profile_run=profile_dir if profile_dir.is_dir() else None, recommendations_tried=seeded,
         study_command=["torsh-tune", *argv],
     )

@@ -38,7 +38,12 @@ __all__ = [
     "PipelineConfig",
     "ProfilerConfig",
     "RunConfig",
+    "STUDY_DEFAULT_STEPS",
+    "STUDY_OBJECTIVES",
+    "STUDY_PRUNERS",
+    "STUDY_SAMPLERS",
     "StrategyConfig",
+    "StudyConfig",
     "ThresholdsConfig",
     "TrainingConfig",
     "dist_env",
@@ -734,6 +739,10 @@ def _coerce(hint: Any, value: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise invalid(path, "a list", value)
         return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, (list, tuple)):
+            raise invalid(path, "a list", value)
+        return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
             raise invalid(path, "a table", value)
@@ -751,6 +760,106 @@ def _check_types(obj: Any, path: str) -> None:
             _check_types(value, sub)
         else:
             _coerce(hints[f.name], value, sub)
+
+
+STUDY_SAMPLERS = ("tpe", "random", "gp", "cmaes")
+STUDY_OBJECTIVES = (("throughput",), ("throughput", "loss"))
+STUDY_PRUNERS = ("none", "median", "percentile")
+STUDY_DEFAULT_STEPS = 20
+"""Measured steps per study run when neither the study nor the base config's budget says."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """Every option of one study (`torsh-tune tune`, the main job, `autotune.tune`).
+
+    What each run does is the study's base `RunConfig`; this is how the study searches,
+    measures, guards and confirms. Each field's help is the CLI's help text; all checks are
+    in `validate`.
+
+    Example:
+        >>> StudyConfig(n_trials=8, sampler="random", seed=0).validate().confirm_pairs
+        3
+    """
+
+    n_trials: int = _f(20, "Finished trials the study should hold (trial 0 runs the PyTorch defaults).")
+    sampler: str = _f("tpe", "Optuna sampler: tpe, random, gp (needs scipy) or cmaes (needs cmaes).")
+    seed: int | None = _f(None, "Sampler and bootstrap seed.")
+    storage: str | None = _f(
+        None, "Where the study lives (default sqlite in the study dir). Shared by tuners on several machines: "
+        "journal:PATH on a file system they all mount, or a database server they all reach, "
+        "postgresql://USER@HOST:PORT/DB (pip install torsh-tune[postgres]; the password in ~/.pgpass "
+        "or PGPASSWORD). Checked before anything runs.")
+    study_name: str = _f("torsh-tune", "Optuna study name.")
+    baseline_repeats: int = _f(3, "Baseline launches before the search; their spread is the noise.")
+    confirm_top: int = _f(2, "Best feasible trials re-run against the baseline (0: none).")
+    confirm_pairs: int = _f(3, "Interleaved baseline/candidate pairs per confirmed candidate.")
+    ablation_pairs: int | None = _f(
+        None, "Pairs per test of the ablation that keeps only the winner's changes whose removal costs speed "
+        "beyond noise (default: as many as the confirmation's pairs; 0: best.toml is the winner as found).")
+    steps: int | None = _f(None, f"Measured steps per run (default: the base config's, else {STUDY_DEFAULT_STEPS}).")
+    warmup_steps: int | None = _f(None, "Warm-up steps per run (default: the base config's).")
+    trial_timeout_s: float | None = _f(None, "Wall-clock limit of one run (default: the base config's).")
+    timeout_s: float | None = _f(None, "No new run starts after this many seconds of the study.")
+    loss_tolerance: float = _f(
+        0.01, "A trial violates the loss guard when its mean loss is worse than the baseline's by more than this "
+        "(relative) and beyond the baseline repeats' run-to-run spread (one-sided t-test at 1 %).")
+    max_peak_mem_bytes: int | None = _f(
+        None, "A trial whose peak memory (any rank; RSS on CPU) exceeds this violates a constraint.")
+    objectives: tuple[str, ...] = _f(
+        ("throughput",), "Objectives: throughput, or throughput and loss (also minimise the loss deviation from "
+        "the baseline; the result is a Pareto front, whose fastest feasible members are confirmed).")
+    pruner: str = _f(
+        "none", "Stop trials whose running throughput falls behind the completed trials' at the same step: "
+        "none, median or percentile (single objective only).")
+    pruner_percentile: float | None = _f(None, "With the percentile pruner: the share (%) of trials kept (default 25).")
+    pruner_warmup_steps: int | None = _f(None, "Measured steps before a trial may be pruned (default 3).")
+    pruner_startup_trials: int | None = _f(None, "Completed trials before any pruning (default 5).")
+    include_compression: bool = _f(True, "Search gradient compression.")
+    api_mode: bool = _f(
+        False, "Search the strategy kind (DDP, FSDP, HSDP, pipeline) and its options: the script calls "
+        "torsh_tune.parallelize.")
+    allow_batch_changes: bool = _f(
+        False, "Also search knobs that change the effective batch (gradient accumulation; API mode only); the data "
+        "guard then accepts their change of the batch.")
+    reference_bench: str | None = _f(
+        None, "A `torsh-tune bench` run of this fabric (its bench_model.json): the configurations its alpha-beta "
+        "model predicts fastest for the baseline run are tried early.")
+
+    def validate(self) -> "StudyConfig":
+        """Check every field and cross-field rule; raise ConfigError on the first violation."""
+        _check_types(self, "")
+        for name, low in (("n_trials", 1), ("baseline_repeats", 1), ("confirm_top", 0), ("confirm_pairs", 1),
+                          ("ablation_pairs", 0), ("steps", 1), ("warmup_steps", 0), ("pruner_warmup_steps", 0),
+                          ("pruner_startup_trials", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < low):
+                raise invalid(name, f"an integer >= {low}", value)
+        if self.max_peak_mem_bytes is not None and (isinstance(self.max_peak_mem_bytes, bool)
+                                                    or self.max_peak_mem_bytes <= 0):
+            raise invalid("max_peak_mem_bytes", "an integer > 0", self.max_peak_mem_bytes)
+        for name in ("loss_tolerance", "trial_timeout_s", "timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise invalid(name, "a number > 0", value)
+        if self.sampler not in STUDY_SAMPLERS:
+            raise invalid("sampler", f"one of {list(STUDY_SAMPLERS)}", self.sampler)
+        if tuple(self.objectives) not in STUDY_OBJECTIVES:
+            raise invalid("objectives", "('throughput',) or ('throughput', 'loss')", self.objectives)
+        if self.pruner not in STUDY_PRUNERS:
+            raise invalid("pruner", f"one of {list(STUDY_PRUNERS)}", self.pruner)
+        if self.pruner != "none" and len(self.objectives) > 1:
+            raise invalid("pruner", "'none' with several objectives (Optuna cannot prune a multi-objective study)",
+                          self.pruner)
+        if self.pruner_percentile is not None and not 0 < self.pruner_percentile < 100:
+            raise invalid("pruner_percentile", "a number between 0 and 100, exclusive", self.pruner_percentile)
+        if self.allow_batch_changes and not self.api_mode:
+            raise invalid("allow_batch_changes", "used with a script that calls torsh_tune.parallelize (API mode)",
+                          self.allow_batch_changes)
+        return self
+
+    def replace(self, **changes: Any) -> "StudyConfig":
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)

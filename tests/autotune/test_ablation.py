@@ -20,7 +20,7 @@ import pytest
 
 from torsh_tune.autotune import TuneResult, build_space, tune
 from torsh_tune.autotune.ablation import PairedRuns, ablate, cannot_be_kept, paired_stats, round_params
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.importers import load_config_file
 from torsh_tune.reports import get_tuning_info, render_tuning_markdown
 
@@ -38,9 +38,12 @@ WINNER = {"ddp.bucket_cap_mb": BUCKET, "ddp.static_graph": False, "dataloader.nu
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[Path, TuneResult]:
     study_dir = tmp_path_factory.mktemp("ablation")
-    result = tune(EXAMPLE, ARGS, base_config=BASE, study_dir=study_dir, n_trials=2, baseline_repeats=3,
-                  confirm_top=1, confirm_pairs=1, ablation_pairs=3, sampler="random", seed=0, steps=6,
-                  warmup_steps=2, space_spec=SPEC, cpu_count=2, initial_params=[WINNER])
+    result = tune(
+        EXAMPLE, ARGS, base_config=BASE, study_dir=study_dir,
+        study=StudyConfig(n_trials=2, baseline_repeats=3, confirm_top=1, confirm_pairs=1, ablation_pairs=3,
+                          sampler="random", seed=0, steps=6, warmup_steps=2),
+        space_spec=SPEC, cpu_count=2, initial_params=[WINNER],
+    )
     return study_dir, result
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from torsh_tune.autotune import tune
 from torsh_tune.autotune.runner import run_measured
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.launch import kill_run_processes
 from torsh_tune.rundir import new_run_dir
 
@@ -92,9 +92,11 @@ def test_study_goes_on_past_failed_trials_and_records_why(tmp_path: Path) -> Non
     spec = {"ddp.bucket_cap_mb": {"choices": [25.0, *planted]}, "dataloader.num_workers": {"value": 0},
             "compression.method": {"value": "none"}}
     seen = []
-    result = tune(SCRIPT, ["--trial-mode", "0=exit_abort"], base_config=_config(), study_dir=tmp_path, n_trials=4,
-                  sampler="random", seed=0, baseline_repeats=1, confirm_top=0, space_spec=spec, cpu_count=2,
-                  initial_params=[{"ddp.bucket_cap_mb": cap} for cap in planted], on_trial=seen.append)
+    result = tune(
+        SCRIPT, ["--trial-mode", "0=exit_abort"], base_config=_config(), study_dir=tmp_path,
+        study=StudyConfig(n_trials=4, sampler="random", seed=0, baseline_repeats=1, confirm_top=0), space_spec=spec,
+        cpu_count=2, initial_params=[{"ddp.bucket_cap_mb": cap} for cap in planted], on_trial=seen.append,
+    )
     assert [t.number for t in seen] == [0, 1, 2, 3]  # the study went on after every failure
     assert [t.state for t in result.trials] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
 

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from torsh_tune.autotune import TuneResult, loss_check, tune
 from torsh_tune.autotune.dataguard import check_data
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.reports import get_tuning_info, render_tuning_markdown
 from torsh_tune.runtime.fingerprint import DataFingerprint
 
@@ -39,9 +39,12 @@ WORKERS = {"compression.method": "none", "dataloader.num_workers": 2}
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> tuple[Path, TuneResult]:
     study_dir = tmp_path_factory.mktemp("guards")
-    result = tune(SCRIPT, ["--iterable"], base_config=BASE, study_dir=study_dir, n_trials=4, baseline_repeats=3,
-                  confirm_top=0, sampler="random", seed=0, steps=12, warmup_steps=2, space_spec=SPEC, cpu_count=2,
-                  initial_params=[TOPK, WORKERS])
+    result = tune(
+        SCRIPT, ["--iterable"], base_config=BASE, study_dir=study_dir,
+        study=StudyConfig(n_trials=4, baseline_repeats=3, confirm_top=0, sampler="random", seed=0, steps=12,
+                          warmup_steps=2),
+        space_spec=SPEC, cpu_count=2, initial_params=[TOPK, WORKERS],
+    )
     return study_dir, result
 
 

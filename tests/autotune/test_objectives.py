@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from torsh_tune.autotune import TuneResult, loss_check, trial_constraints, tune
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.importers import load_config_file
 
@@ -37,10 +37,11 @@ OBJECTIVES = ("throughput", "loss")
 def multi(tmp_path_factory) -> tuple[Path, TuneResult]:
     study_dir = tmp_path_factory.mktemp("multi")
     result = tune(
-        SCRIPT, [], base_config=BASE, study_dir=study_dir, n_trials=3, baseline_repeats=1, confirm_top=1,
-        confirm_pairs=1, sampler="random", seed=0, steps=5, warmup_steps=2, space_spec=SPEC, cpu_count=2,
+        SCRIPT, [], base_config=BASE, study_dir=study_dir,
+        study=StudyConfig(n_trials=3, baseline_repeats=1, confirm_top=1, confirm_pairs=1, sampler="random", seed=0,
+                          steps=5, warmup_steps=2, objectives=OBJECTIVES, loss_tolerance=0.05),
+        space_spec=SPEC, cpu_count=2,
         initial_params=[{"compression.method": "fp16"}, {"compression.method": "topk"}],
-        objectives=OBJECTIVES, loss_tolerance=0.05,
     )
     return study_dir, result
 
@@ -104,17 +105,20 @@ def test_the_fastest_feasible_front_member_is_confirmed_and_best_toml_applies(mu
 def test_a_resumed_study_keeps_its_objectives(multi):
     study_dir, _ = multi
     with pytest.raises(ConfigError, match=r"objectives must be the resumed study's \('throughput', 'loss'\)"):
-        tune(SCRIPT, [], base_config=BASE, study_dir=study_dir, n_trials=3, space_spec=SPEC, cpu_count=2)
+        tune(
+            SCRIPT, [], base_config=BASE, study_dir=study_dir, study=StudyConfig(n_trials=3), space_spec=SPEC,
+            cpu_count=2,
+        )
 
 
 def test_objective_arguments_are_checked_before_anything_runs(tmp_path):
     common = dict(base_config=BASE, study_dir=tmp_path / "s")
     with pytest.raises(ConfigError, match=r"objectives must be \('throughput',\) or \('throughput', 'loss'\)"):
-        tune(SCRIPT, [], objectives=("loss",), **common)
+        tune(SCRIPT, [], study=StudyConfig(objectives=("loss",)), **common)
     with pytest.raises(ConfigError, match="pruner must be 'none' with several objectives"):
-        tune(SCRIPT, [], objectives=OBJECTIVES, pruner="median", **common)
+        tune(SCRIPT, [], study=StudyConfig(objectives=OBJECTIVES, pruner="median"), **common)
     with pytest.raises(ConfigError, match="max_peak_mem_bytes must be an integer > 0"):
-        tune(SCRIPT, [], max_peak_mem_bytes=0, **common)
+        tune(SCRIPT, [], study=StudyConfig(max_peak_mem_bytes=0), **common)
     assert not (tmp_path / "s").exists()
 
 

@@ -23,7 +23,7 @@ from torsh_tune.autotune import (
     running_throughput,
     tune,
 )
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.launch import Progress, find_run_processes
 
@@ -47,10 +47,10 @@ def pruned(tmp_path_factory) -> tuple[Path, TuneResult, list]:
     study_dir = tmp_path_factory.mktemp("pruned")
     seen: list = []
     result = tune(
-        SCRIPT, [], base_config=BASE, study_dir=study_dir, n_trials=2, baseline_repeats=1, confirm_top=0,
-        sampler="random", seed=0, steps=STEPS, warmup_steps=WARMUP, space_spec=SPEC, cpu_count=2,
-        initial_params=[{"ddp.bucket_cap_mb": 75.0}], on_trial=seen.append,
-        pruner="median", pruner_warmup_steps=1, pruner_startup_trials=1,
+        SCRIPT, [], base_config=BASE, study_dir=study_dir,
+        study=StudyConfig(n_trials=2, baseline_repeats=1, confirm_top=0, sampler="random", seed=0, steps=STEPS,
+                          warmup_steps=WARMUP, pruner="median", pruner_warmup_steps=1, pruner_startup_trials=1),
+        space_spec=SPEC, cpu_count=2, initial_params=[{"ddp.bucket_cap_mb": 75.0}], on_trial=seen.append,
     )
     return study_dir, result, seen
 
@@ -72,7 +72,9 @@ def test_a_hopeless_trial_is_pruned_and_nothing_of_it_survives(pruned):
     assert run["status"] == "pruned" and run["outcome"]["message"] == slow.failure_reason
     assert set(run["outcome"]["ranks"].values()) == {"stopped"}
     lines = (Path(slow.run_dir) / "ranks" / "rank00000.steps.jsonl").read_text().splitlines()
-    assert len(lines) < WARMUP + STEPS
+    # The budget: the warm-up (grown by the steps the DataLoader workers' start-up stock feeds) + STEPS.
+    meta = json.loads((Path(slow.run_dir) / "ranks" / "rank00000.meta.json").read_text())
+    assert len(lines) < meta.get("warmup_steps", WARMUP) + STEPS
     assert run_survivors(run["run_id"]) == [] and find_run_processes(run["run_id"]) == []
     with open(study_dir / "trials.csv") as f:
         rows = list(csv.DictReader(f))
@@ -149,7 +151,7 @@ def test_trial_pruning_reports_each_new_step_once_and_gives_its_reason(tmp_path)
 
 
 def test_pruner_arguments_are_checked_before_anything_runs(tmp_path):
-    common = dict(base_config=BASE, study_dir=tmp_path / "s", steps=5)
+    common = dict(base_config=BASE, study_dir=tmp_path / "s")
     cases = [
         (dict(pruner="hyperband"), r"pruner must be one of \['none', 'median', 'percentile'\], but got 'hyperband'"),
         (dict(pruner="percentile", pruner_percentile=100), "pruner_percentile must be a number between 0 and 100"),
@@ -160,5 +162,5 @@ def test_pruner_arguments_are_checked_before_anything_runs(tmp_path):
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigError, match=message):
-            tune(SCRIPT, [], **common, **kwargs)
+            tune(SCRIPT, [], **common, study=StudyConfig(steps=5, **kwargs))
     assert not (tmp_path / "s").exists()

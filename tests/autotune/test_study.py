@@ -12,7 +12,7 @@ import pytest
 
 from torsh_tune.autotune import TuneResult, tune
 from torsh_tune.autotune.objective import effective_settings
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.importers import load_config_file
 from torsh_tune.launch import find_run_processes
@@ -27,7 +27,8 @@ SPEC = {
 BASE = RunConfig.from_dict(
     {"launch": {"nproc_per_node": 2}, "profiler": {"loss_every": 1}, "budget": {"kill_grace_s": 2.0}}
 )
-COMMON = dict(base_config=BASE, sampler="random", seed=0, steps=5, warmup_steps=2, space_spec=SPEC, cpu_count=2)
+COMMON = dict(base_config=BASE, space_spec=SPEC, cpu_count=2)
+STUDY = StudyConfig(sampler="random", seed=0, steps=5, warmup_steps=2)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +36,9 @@ def study(tmp_path_factory) -> tuple[Path, TuneResult, list]:
     study_dir = tmp_path_factory.mktemp("study")
     seen = []
     result = tune(
-        SCRIPT, [], study_dir=study_dir, n_trials=3, baseline_repeats=2, confirm_top=1, confirm_pairs=1,
-        initial_params=[{"ddp.bucket_cap_mb": 150.0}, {"ddp.bucket_cap_mb": 5.0}], on_trial=seen.append,
-        max_peak_mem_bytes=1 << 50, **COMMON,
+        SCRIPT, [], study_dir=study_dir,
+        study=STUDY.replace(n_trials=3, baseline_repeats=2, confirm_top=1, confirm_pairs=1, max_peak_mem_bytes=1 << 50),
+        initial_params=[{"ddp.bucket_cap_mb": 150.0}, {"ddp.bucket_cap_mb": 5.0}], on_trial=seen.append, **COMMON,
     )
     return study_dir, result, seen
 
@@ -118,7 +119,10 @@ def test_resume_continues_the_study_and_fails_stale_trials(study):
     storage = f"sqlite:///{study_dir / 'study.db'}"
     # A tuner killed mid-trial leaves a RUNNING trial behind.
     stale = optuna.load_study(study_name="torsh-tune", storage=storage).ask()
-    result = tune(SCRIPT, [], study_dir=study_dir, n_trials=5, baseline_repeats=2, confirm_top=0, **COMMON)
+    result = tune(
+        SCRIPT, [], study_dir=study_dir, study=STUDY.replace(n_trials=5, baseline_repeats=2, confirm_top=0),
+        **COMMON,
+    )
     assert result.baseline == first.baseline  # not re-measured
     assert len(list((study_dir / "baseline").iterdir())) == 2
     by_number = {t.number: t for t in result.trials}
@@ -129,12 +133,12 @@ def test_resume_continues_the_study_and_fails_stale_trials(study):
 
 
 def test_bad_arguments_fail_before_any_launch(tmp_path):
-    with pytest.raises(ConfigError, match="--sampler"):
-        tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", sampler="annealing")
+    with pytest.raises(ConfigError, match=r"sampler must be one of \['tpe', 'random', 'gp', 'cmaes'\]"):
+        tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", study=STUDY.replace(sampler="annealing"))
     with pytest.raises(ConfigError, match="script must be an existing file"):
         tune(tmp_path / "missing.py", [], base_config=BASE, study_dir=tmp_path / "s")
     with pytest.raises(ConfigError, match="n_trials must be an integer >= 1"):
-        tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", n_trials=0)
+        tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", study=STUDY.replace(n_trials=0))
     assert not (tmp_path / "s").exists()
 
 
@@ -147,7 +151,7 @@ def test_samplers_with_missing_dependencies_fail_early(tmp_path):
     for name, module in (("gp", "scipy"), ("cmaes", "cmaes")):
         if importlib.util.find_spec(module) is None:
             with pytest.raises(ConfigError, match=f"--sampler {name} must be used with .*{module}"):
-                tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", sampler=name)
+                tune(SCRIPT, [], base_config=BASE, study_dir=tmp_path / "s", study=STUDY.replace(sampler=name))
         else:
             assert make_sampler(name, seed=1) is not None
     assert not (tmp_path / "s").exists()

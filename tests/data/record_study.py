@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from torsh_tune.autotune import tune
-from torsh_tune.config import RunConfig
+from torsh_tune.config import RunConfig, StudyConfig
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE.parent / "autotune" / "scripts" / "train_tune.py"
@@ -41,15 +41,16 @@ STUDIES = {
                     "compression.method": {"choices": ["none", "fp16"]}},
         initial_params=[{"ddp.bucket_cap_mb": 150.0, "compression.method": "none"},
                         {"ddp.bucket_cap_mb": 5.0, "compression.method": "fp16"}],
-        n_trials=7, baseline_repeats=2, confirm_top=1, confirm_pairs=2, loss_tolerance=0.05,
+        study=StudyConfig(sampler="random", seed=0, steps=5, warmup_steps=2, n_trials=7, baseline_repeats=2,
+                          confirm_top=1, confirm_pairs=2, loss_tolerance=0.05),
     ),
     "study_pareto": dict(
         base_config=RunConfig.from_dict(BASE),
         space_spec={"ddp.bucket_cap_mb": {"value": 25.0}, "compression.method": {"choices": ["none", "fp16", "topk"]},
                     "compression.ratio": {"value": 0.1}},
         initial_params=[{"compression.method": "fp16"}, {"compression.method": "topk"}],
-        n_trials=3, baseline_repeats=1, confirm_top=1, confirm_pairs=1, loss_tolerance=0.05,
-        objectives=("throughput", "loss"),
+        study=StudyConfig(sampler="random", seed=0, steps=5, warmup_steps=2, n_trials=3, baseline_repeats=1,
+                          confirm_top=1, confirm_pairs=1, loss_tolerance=0.05, objectives=("throughput", "loss")),
     ),
 }
 
@@ -57,8 +58,7 @@ STUDIES = {
 def record(name: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         study_dir = Path(tmp) / name
-        tune(SCRIPT, [], study_dir=study_dir, sampler="random", seed=0, steps=5, warmup_steps=2, cpu_count=2,
-             **STUDIES[name])
+        tune(SCRIPT, [], study_dir=study_dir, cpu_count=2, **STUDIES[name])
         out = HERE / name
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()

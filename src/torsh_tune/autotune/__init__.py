@@ -4,7 +4,8 @@ Imports optuna lazily (only when a study or trial is made) and never torch.
 
 Example:
     >>> from torsh_tune.autotune import tune  # doctest: +SKIP
-    >>> result = tune("train.py", [], base_config=cfg, study_dir="runs/tune", n_trials=8)  # doctest: +SKIP
+    >>> from torsh_tune.config import StudyConfig  # doctest: +SKIP
+    >>> result = tune("train.py", [], base_config=cfg, study=StudyConfig(n_trials=8), study_dir="runs/tune")  # doctest: +SKIP
     >>> result.best_speedup, result.best_ci  # doctest: +SKIP
 """
 

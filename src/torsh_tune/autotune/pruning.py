@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..config import STUDY_PRUNERS
 from ..errors import invalid
 from .objective import running_throughput
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PRUNERS", "StepRecordReader", "TrialPruning", "make_pruner"]
 
-PRUNERS = ("none", "median", "percentile")
+PRUNERS = STUDY_PRUNERS
 
 _STEPS_RE = re.compile(r"^rank(\d+)\.steps\.jsonl$")
 _COLUMNS = ("rank", "step", "step_s", "samples", "tokens", "warmup")

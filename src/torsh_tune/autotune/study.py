@@ -28,8 +28,9 @@ support.
 
 Example:
     >>> from torsh_tune.config import RunConfig, LaunchConfig
+    >>> from torsh_tune.config import StudyConfig
     >>> result = tune("train.py", [], base_config=RunConfig(launch=LaunchConfig(nproc_per_node=2)),
-    ...               study_dir="runs/tune-1", n_trials=8)  # doctest: +SKIP
+    ...               study=StudyConfig(n_trials=8), study_dir="runs/tune-1")  # doctest: +SKIP
     >>> result.best_speedup, result.best_ci  # doctest: +SKIP
 """
 
@@ -49,14 +50,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config import RunConfig, dump_toml
+from ..config import STUDY_DEFAULT_STEPS, STUDY_SAMPLERS, RunConfig, StudyConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..fabric import CommModel, load_model
 from ..rundir import RunDir, StudyDir, write_json_atomic, write_text_atomic
 from .ablation import Ablation, PairedRuns, ablate, paired_stats
 from .dataguard import DataCheck, check_data, run_fingerprints
 from .objective import effective_settings, loss_check, loss_deviation, trial_constraints
-from .pruning import PRUNERS, TrialPruning, make_pruner
+from .pruning import TrialPruning, make_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import advisor_params
 from .space import SearchSpace, build_space
@@ -74,7 +75,7 @@ __all__ = [
     "tune",
 ]
 
-SAMPLERS = ("tpe", "random", "gp", "cmaes")
+SAMPLERS = STUDY_SAMPLERS
 
 #: Objective name -> Optuna direction. "throughput": median steady-state samples/s (tokens/s
 #: when the script counts tokens: `torsh_tune.count_tokens`);
@@ -83,7 +84,6 @@ OBJECTIVES = {"throughput": "maximize", "loss": "minimize"}
 
 _log = logging.getLogger(__name__)
 
-_DEFAULT_STEPS = 20
 _DEFAULT_PRUNER_PERCENTILE = 25.0
 _DEFAULT_PRUNER_WARMUP_STEPS = 3
 _DEFAULT_PRUNER_STARTUP_TRIALS = 5
@@ -292,174 +292,113 @@ def tune(
     script_args: Sequence[str] = (),
     *,
     base_config: RunConfig,
+    study: StudyConfig | None = None,
     study_dir: str | os.PathLike[str],
-    n_trials: int = 20,
-    sampler: str = "tpe",
-    seed: int | None = None,
-    storage: str | None = None,
-    study_name: str = "torsh-tune",
-    baseline_repeats: int = 3,
-    confirm_top: int = 2,
-    confirm_pairs: int = 3,
-    ablation_pairs: int | None = None,
-    steps: int | None = None,
-    warmup_steps: int | None = None,
-    trial_timeout_s: float | None = None,
-    timeout_s: float | None = None,
-    loss_tolerance: float = 0.01,
-    max_peak_mem_bytes: int | None = None,
     space_spec: Mapping[str, Any] | None = None,
-    include_compression: bool = True,
     cuda: bool = False,
     cpu_count: int | None = None,
     initial_params: Sequence[Mapping[str, Any]] = (),
-    space_options: Mapping[str, Any] | None = None,
-    objectives: Sequence[str] = ("throughput",),
-    reference_bench: str | os.PathLike[str] | None = None,
-    pruner: str = "none",
-    pruner_percentile: float | None = None,
-    pruner_warmup_steps: int | None = None,
-    pruner_startup_trials: int | None = None,
     echo: Callable[[str], None] | None = None,
     on_trial: Callable[[TrialResult], None] | None = None,
     on_run: Callable[[str, MeasuredRun], None] | None = None,
 ) -> TuneResult:
-    """Tune `script` under torchrun: baseline, Optuna search, confirmation, best.toml.
+    """Tune `script` under torchrun: baseline, Optuna search, confirmation, ablation, best.toml.
 
-    Re-opening the same `storage`/`study_name` resumes: the stored baseline is reused,
-    trials left RUNNING by a killed tuner are marked FAIL, and trials continue until the
-    study holds `n_trials` finished trials.
+    Re-opening the same `study.storage`/`study.study_name` resumes: the stored baseline is
+    reused, trials left RUNNING by a killed tuner are marked FAIL, and trials continue until
+    the study holds `study.n_trials` finished trials.
 
     Args:
         script: The user's training script.
         script_args: Its arguments, passed through untouched.
         base_config: The user's configuration (launch, profiler, strategy); the baseline.
+        study: How to search, measure, guard and confirm (`config.StudyConfig`, validated here;
+            default StudyConfig()).
         study_dir: Directory of the study (created): baseline/, trials/NNNN/, confirm/,
-            study.db, best.toml, trials.csv, trials.parquet, result.json.
-        n_trials: Finished trials the study should hold (trial 0 is the PyTorch defaults).
-        sampler: "tpe" (default), "random", "gp" (needs scipy) or "cmaes" (needs cmaes).
-        seed: Sampler seed (and the bootstrap's).
-        storage: Optuna storage URL (default `sqlite:///STUDY_DIR/study.db`), or `journal:PATH`.
-        study_name: Optuna study name.
-        baseline_repeats: Baseline launches before the search (>= 1); their spread is the noise.
-        confirm_top: Best feasible trials re-run in the confirmation phase (0: none).
-        confirm_pairs: Baseline/candidate pairs per confirmed candidate.
-        ablation_pairs: Pairs per test of the ablation that reduces the confirmed winner to the
-            changes that earn its speedup (`ablation.ablate`; default `confirm_pairs`; 0: no
-            ablation, best.toml is the winner as found).
-        steps: Measured steps per run (default: the base config's, else 20).
-        warmup_steps: Warm-up steps per run (default: the base config's).
-        trial_timeout_s: Wall-clock limit of one run (default: the base config's).
-        timeout_s: No new run starts after this many seconds of the study.
-        loss_tolerance: The smallest relative worsening of the mean loss that violates the loss
-            guard; a trial violates only when its loss is also worse beyond the baseline
-            repeats' run-to-run spread (`objective.loss_check`: one-sided t-test at 1 %).
-        max_peak_mem_bytes: When set, a trial whose peak memory (any rank; RSS on CPU)
-            exceeds it violates a constraint.
+            ablation/, study.db, best.toml, trials.csv, result.json (`rundir.StudyDir`).
         space_spec: Dimension overrides (`space.parse_space` / `space.load_space_file`).
-        include_compression: Search gradient compression.
         cuda: The ranks use CUDA (offers pin_memory).
         cpu_count: Host cores (default os.cpu_count()).
         initial_params: Further parameter sets enqueued after trial 0. The strategy
             advisor's candidates for the baseline run that the space can express follow
             them (user attrs role "advisor" and advisor_rank; see `seeding.advisor_params`).
-        objectives: ("throughput",) (default) or ("throughput", "loss"): also minimise the
-            relative loss deviation from the baseline; the result then has a Pareto front,
-            whose fastest feasible members are confirmed. The loss constraint stays.
-        reference_bench: A `torsh-tune bench` run of this fabric (its bench_model.json): the
-            configurations its alpha-beta model predicts fastest for the baseline run
-            (`predict.model_candidates`) are enqueued after the advisor's (role "model").
-        pruner: "none" (default), "median" or "percentile": stop a trial whose running
-            median throughput falls behind the completed trials' at the same measured step
-            (single objective only). Baseline and confirmation runs are never pruned.
-        pruner_percentile: For "percentile": the share (%) of trials kept, 0-100 exclusive
-            (default 25: a trial below the completed trials' 75th percentile is pruned).
-        pruner_warmup_steps: Measured steps a trial reports before it may be pruned
-            (default 3, at most `steps` - 1).
-        pruner_startup_trials: Completed trials before any pruning (default 5).
-        space_options: Further `build_space` keyword arguments from the CLI: `api_mode` (the
-            script calls torsh_tune.parallelize: search the strategy kind) and
-            `allow_batch_changes` (search gradient accumulation).
         echo: Receives the ranks' output lines (default: discarded).
         on_trial: Called with each finished optimisation trial.
-        on_run: Called with ("baseline" | "confirm-A" | "confirm-B", run) for the other runs.
+        on_run: Called with ("baseline" | "confirm-A" | "confirm-B" | "ablation-A" |
+            "ablation-B", run) for the other runs.
 
     Returns:
         The TuneResult (also written to STUDY_DIR/result.json).
 
     Raises:
-        ConfigError: Invalid arguments, space, sampler or pruner; objectives that differ
+        ConfigError: Invalid study options, space, sampler or pruner; objectives that differ
             from a resumed study's; the loss objective without a baseline loss.
         TrialError: No baseline run succeeded (the script fails under the base config).
     """
-    import optuna
-    from optuna.trial import TrialState
-
-    if n_trials < 1:
-        raise invalid("n_trials", "an integer >= 1", n_trials)
-    if baseline_repeats < 1:
-        raise invalid("baseline_repeats", "an integer >= 1", baseline_repeats)
-    if confirm_top < 0:
-        raise invalid("confirm_top", "an integer >= 0", confirm_top)
-    if confirm_pairs < 1:
-        raise invalid("confirm_pairs", "an integer >= 1", confirm_pairs)
-    if ablation_pairs is not None and ablation_pairs < 0:
-        raise invalid("ablation_pairs", "an integer >= 0", ablation_pairs)
-    if not loss_tolerance > 0:
-        raise invalid("loss_tolerance", "a number > 0", loss_tolerance)
-    if max_peak_mem_bytes is not None and (isinstance(max_peak_mem_bytes, bool)
-                                           or not isinstance(max_peak_mem_bytes, int) or max_peak_mem_bytes <= 0):
-        raise invalid("max_peak_mem_bytes", "an integer > 0", max_peak_mem_bytes)
-    objectives = tuple(objectives)
-    if objectives not in (("throughput",), ("throughput", "loss")):
-        raise invalid("objectives", "('throughput',) or ('throughput', 'loss')", objectives)
+    study = (study or StudyConfig()).validate()
     if not Path(script).is_file():
         raise invalid("script", "an existing file", str(script))
-    optuna_sampler = make_sampler(sampler, seed=seed, n_trials=n_trials)
-    comm_model = load_model(reference_bench) if reference_bench is not None else None
-    run_config = _budgeted(base_config, steps=steps, warmup_steps=warmup_steps, timeout_s=trial_timeout_s)
-    optuna_pruner, prune_percentile = _pruner(
-        pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=pruner_percentile,
-        warmup_steps=pruner_warmup_steps, startup_trials=pruner_startup_trials)
-    root = Path(study_dir)
-    layout = StudyDir(root)
-    root.mkdir(parents=True, exist_ok=True)
-    storage_url, storage_obj = open_storage(storage, root)
-    t_start = time.monotonic()
-    interrupted = False
+    session = _open_session(script, script_args, base_config=base_config, study=study, study_dir=study_dir,
+                            echo=echo, on_run=on_run)
+    stored = _baseline(session)
+    if "loss" in study.objectives and not stored["loss"]:
+        raise invalid("objectives", "('throughput',) when the baseline records no loss "
+                      "(its script must call backward on a scalar loss)", tuple(study.objectives))
+    baseline = _baseline_stats(stored)
+    session.unit = baseline.unit
+    space = build_space(
+        nproc_per_node=base_config.launch.nproc_per_node, cpu_count=cpu_count, cuda=cuda,
+        baseline_num_microbatches=baseline.max_microbatches, include_compression=study.include_compression,
+        spec=space_spec, base=base_config, api_mode=study.api_mode, allow_batch_changes=study.allow_batch_changes)
+    _seed_study(session.optuna, space, stored["run_dirs"], initial_params, comm_model=session.comm_model,
+                reference_bench=study.reference_bench)
+    _search(session, space, stored, on_trial=on_trial)
+    trials = tuple(_trial_result(t) for t in session.optuna.get_trials(deepcopy=False))
+    pareto = _pareto(session.optuna, study.objectives) if session.multi else ()
+    rng = np.random.default_rng(study.seed)
+    confirmations, confirm_notes = _confirm(session, space, trials, pareto, baseline, rng)
+    best, ablation = _ablate_winner(session, space, confirmations, baseline, rng)
+    return _write_result(session, base_config, space, baseline, trials, pareto, confirmations, confirm_notes, best,
+                         ablation)
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=storage_obj if storage_obj is not None else storage_url,
-        sampler=optuna_sampler,
-        pruner=optuna_pruner,
-        directions=[OBJECTIVES[o] for o in objectives],
-        load_if_exists=True,
-    )
-    # An existing study keeps its directions whatever was asked: refuse a mismatch.
-    if [d.name.lower() for d in study.directions] != [OBJECTIVES[o] for o in objectives]:
-        stored_objectives = tuple(study.user_attrs.get("objectives", ("throughput",)))
-        raise invalid("objectives", f"the resumed study's {stored_objectives}", objectives)
-    study.set_user_attr("objectives", list(objectives))
-    _fail_stale_trials(study)
-    _stop_stale_runs(root)
-    multi = len(objectives) > 1
-    # On several nodes only this node's ranks may write into the run directory.
-    num_ranks = run_config.world_size if run_config.launch.nnodes == 1 else run_config.launch.nproc_per_node
 
-    def launch(config: RunConfig, where: str, name: str, *, trial=None) -> MeasuredRun:
+@dataclass(kw_only=True)
+class _Session:
+    """One tuner's study in progress: what every phase needs, and whether it was interrupted."""
+
+    opts: StudyConfig
+    optuna: Any  # optuna.Study
+    storage_url: str
+    layout: StudyDir
+    run_config: RunConfig
+    script: str | os.PathLike[str]
+    script_args: Sequence[str]
+    comm_model: CommModel | None
+    echo: Callable[[str], None] | None
+    on_run: Callable[[str, MeasuredRun], None] | None
+    num_ranks: int
+    prune_percentile: float
+    t_start: float
+    unit: str = "samples/s"
+    interrupted: bool = False
+
+    @property
+    def multi(self) -> bool:
+        return len(self.opts.objectives) > 1
+
+    def launch(self, config: RunConfig, where: str, name: str, *, trial: Any = None) -> MeasuredRun:
         """One run; an optimisation trial's (single objective) reports to the pruner."""
-        run_dir = fresh_run_dir(layout.runs(where), name)
+        run_dir = fresh_run_dir(self.layout.runs(where), name)
         watch = None
-        if trial is not None and not multi:
-            watch = TrialPruning(trial, run_dir.path, num_ranks=num_ranks, percentile=prune_percentile, unit=unit)
-        run = run_measured(config, run_dir, script, script_args, echo=echo, should_prune=watch)
+        if trial is not None and not self.multi:
+            watch = TrialPruning(trial, run_dir.path, num_ranks=self.num_ranks, percentile=self.prune_percentile,
+                                 unit=self.unit)
+        run = run_measured(config, run_dir, self.script, self.script_args, echo=self.echo, should_prune=watch)
         if watch is not None and run.state == "COMPLETE":
             watch.finish()  # every index, so later trials are compared at any step
         return run
 
-    def paired(a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int,
+    def paired(self, a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int,
                stop: Callable[[Sequence[float], int], bool] | None = None) -> PairedRuns:
         """A and B interleaved (A B A B ...): B / A throughput per pair (A is the baseline side).
 
@@ -469,189 +408,232 @@ def tune(
         for i in range(pairs):
             if stop is not None and stop(ratios, pairs):
                 break
-            a = launch(a_config, where, f"{name}-{i}-A")
-            if on_run:
-                on_run(f"{where}-A", a)
-            b = launch(b_config, where, f"{name}-{i}-B") if a.status != "interrupted" else a
-            if on_run and b is not a:
-                on_run(f"{where}-B", b)
+            a = self.launch(a_config, where, f"{name}-{i}-A")
+            if self.on_run:
+                self.on_run(f"{where}-A", a)
+            b = self.launch(b_config, where, f"{name}-{i}-B") if a.status != "interrupted" else a
+            if self.on_run and b is not a:
+                self.on_run(f"{where}-B", b)
             dirs.append((a.run_dir, b.run_dir))
             if "interrupted" in (a.status, b.status):
                 return PairedRuns(ratios=tuple(ratios), run_dirs=tuple(dirs), failures=tuple(failures),
                                   interrupted=True)
-            if a.samples_s and b.samples_s and _unit_of(a) == _unit_of(b) == unit:
+            if a.samples_s and b.samples_s and _unit_of(a) == _unit_of(b) == self.unit:
                 ratios.append(b.samples_s / a.samples_s)
             elif a.samples_s and b.samples_s:
-                failures.append(f"pair {i}: the runs measured {_unit_of(a)} and {_unit_of(b)}, the study {unit}")
+                failures.append(f"pair {i}: the runs measured {_unit_of(a)} and {_unit_of(b)}, the study {self.unit}")
             else:
                 failures.append(f"pair {i}: " + "; ".join(
                     f"{role} {r.failure_reason}" for role, r in (("A", a), ("B", b)) if r.state != "COMPLETE"))
         return PairedRuns(ratios=tuple(ratios), run_dirs=tuple(dirs), failures=tuple(failures))
 
-    # -- baseline ------------------------------------------------------------------------
-    stored = study.user_attrs.get("baseline")
-    if stored is None:
-        runs = []
-        for i in range(baseline_repeats):
-            run = launch(run_config, "baseline", f"{i:02d}")
-            runs.append(run)
-            if on_run:
-                on_run("baseline", run)
-            if run.status == "interrupted":
-                interrupted = True
-                break
-        good = [r for r in runs if r.state == "COMPLETE"]
-        if interrupted and not good:
-            raise KeyboardInterrupt  # Ctrl-C before anything was measured: nothing to tune against
-        if not good:
-            first = runs[0]
-            raise TrialError(
-                f"the baseline run must succeed, but got {first.failure_reason} (see {first.run_dir})"
-            )
-        units = sorted({r.measurement.throughput.unit for r in good})
-        if len(units) > 1:
-            raise TrialError(f"the baseline runs must measure one throughput unit, but got {units} "
-                             "(count tokens on every step of every run, or never)")
-        loss = pd.concat([r.measurement.loss for r in good]).groupby(level=0).mean()
-        micro = [r.measurement.max_microbatches for r in good if r.measurement.max_microbatches is not None]
-        stored = {
-            "unit": units[0],
-            "samples_s": [r.samples_s for r in good],
-            "run_dirs": [r.run_dir for r in runs],
-            "loss": {str(int(k)): float(v) for k, v in loss.items()},
-            # Each repeat's own curve: their spread calibrates the loss guard.
-            "loss_runs": [{str(int(k)): float(v) for k, v in r.measurement.loss.items()} for r in good],
-            "max_microbatches": max(micro) if micro else None,
-        }
-        study.set_user_attr("baseline", stored)
-    baseline = _baseline_stats(stored)
-    unit = baseline.unit
+
+def _open_session(script: str | os.PathLike[str], script_args: Sequence[str], *, base_config: RunConfig,
+                  study: StudyConfig, study_dir: str | os.PathLike[str], echo: Callable[[str], None] | None,
+                  on_run: Callable[[str, MeasuredRun], None] | None) -> _Session:
+    """The Optuna study created or resumed (its stale trials failed, their runs stopped), and the run budget."""
+    import optuna
+
+    objectives = tuple(study.objectives)
+    optuna_sampler = make_sampler(study.sampler, seed=study.seed, n_trials=study.n_trials)
+    comm_model = load_model(study.reference_bench) if study.reference_bench is not None else None
+    run_config = _budgeted(base_config, steps=study.steps, warmup_steps=study.warmup_steps,
+                           timeout_s=study.trial_timeout_s)
+    optuna_pruner, prune_percentile = _pruner(
+        study.pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=study.pruner_percentile,
+        warmup_steps=study.pruner_warmup_steps, startup_trials=study.pruner_startup_trials)
+    root = Path(study_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    storage_url, storage_obj = open_storage(study.storage, root)
+    t_start = time.monotonic()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ostudy = optuna.create_study(
+        study_name=study.study_name,
+        storage=storage_obj if storage_obj is not None else storage_url,
+        sampler=optuna_sampler,
+        pruner=optuna_pruner,
+        directions=[OBJECTIVES[o] for o in objectives],
+        load_if_exists=True,
+    )
+    # An existing study keeps its directions whatever was asked: refuse a mismatch.
+    if [d.name.lower() for d in ostudy.directions] != [OBJECTIVES[o] for o in objectives]:
+        stored_objectives = tuple(ostudy.user_attrs.get("objectives", ("throughput",)))
+        raise invalid("objectives", f"the resumed study's {stored_objectives}", objectives)
+    ostudy.set_user_attr("objectives", list(objectives))
+    _fail_stale_trials(ostudy)
+    _stop_stale_runs(root)
+    # On several nodes only this node's ranks may write into the run directory.
+    num_ranks = run_config.world_size if run_config.launch.nnodes == 1 else run_config.launch.nproc_per_node
+    return _Session(opts=study, optuna=ostudy, storage_url=storage_url, layout=StudyDir(root), run_config=run_config,
+                    script=script, script_args=script_args, comm_model=comm_model, echo=echo, on_run=on_run,
+                    num_ranks=num_ranks, prune_percentile=prune_percentile, t_start=t_start)
+
+
+def _baseline(s: _Session) -> dict[str, Any]:
+    """The baseline repeats (or the resumed study's stored ones): throughputs, loss curves, run dirs."""
+    stored = s.optuna.user_attrs.get("baseline")
+    if stored is not None:
+        return stored
+    runs = []
+    for i in range(s.opts.baseline_repeats):
+        run = s.launch(s.run_config, "baseline", f"{i:02d}")
+        runs.append(run)
+        if s.on_run:
+            s.on_run("baseline", run)
+        if run.status == "interrupted":
+            s.interrupted = True
+            break
+    good = [r for r in runs if r.state == "COMPLETE"]
+    if s.interrupted and not good:
+        raise KeyboardInterrupt  # Ctrl-C before anything was measured: nothing to tune against
+    if not good:
+        first = runs[0]
+        raise TrialError(f"the baseline run must succeed, but got {first.failure_reason} (see {first.run_dir})")
+    units = sorted({r.measurement.throughput.unit for r in good})
+    if len(units) > 1:
+        raise TrialError(f"the baseline runs must measure one throughput unit, but got {units} "
+                         "(count tokens on every step of every run, or never)")
+    loss = pd.concat([r.measurement.loss for r in good]).groupby(level=0).mean()
+    micro = [r.measurement.max_microbatches for r in good if r.measurement.max_microbatches is not None]
+    stored = {
+        "unit": units[0],
+        "samples_s": [r.samples_s for r in good],
+        "run_dirs": [r.run_dir for r in runs],
+        "loss": {str(int(k)): float(v) for k, v in loss.items()},
+        # Each repeat's own curve: their spread calibrates the loss guard.
+        "loss_runs": [{str(int(k)): float(v) for k, v in r.measurement.loss.items()} for r in good],
+        "max_microbatches": max(micro) if micro else None,
+    }
+    s.optuna.set_user_attr("baseline", stored)
+    return stored
+
+
+def _search(s: _Session, space: SearchSpace, stored: Mapping[str, Any], *,
+            on_trial: Callable[[TrialResult], None] | None) -> None:
+    """Ask, launch, guard and tell trials until the study holds `n_trials` finished ones (or time or Ctrl-C)."""
+    from optuna.trial import TrialState
+
+    from ..launch import process_identity
+
+    opts = s.opts
     baseline_loss = pd.Series({int(k): v for k, v in stored["loss"].items()}, dtype=float)
     # A study stored before the per-repeat curves were kept: the mean curve alone (no spread).
     baseline_losses = [pd.Series({int(k): v for k, v in run.items()}, dtype=float)
                        for run in stored.get("loss_runs", [stored["loss"]])]
-    if "loss" in objectives and baseline_loss.empty:
-        raise invalid("objectives", "('throughput',) when the baseline records no loss "
-                      "(its script must call backward on a scalar loss)", objectives)
-
-    space = build_space(
-        nproc_per_node=base_config.launch.nproc_per_node,
-        cpu_count=cpu_count,
-        cuda=cuda,
-        baseline_num_microbatches=baseline.max_microbatches,
-        include_compression=include_compression,
-        spec=space_spec,
-        base=base_config,
-        **dict(space_options or {}),
-    )
-    _seed_study(study, space, stored["run_dirs"], initial_params, comm_model=comm_model,
-                reference_bench=reference_bench)
-    baseline_data = [run_fingerprints(d) for d in baseline.run_dirs if Path(d).is_dir()]
+    baseline_data = [run_fingerprints(d) for d in stored["run_dirs"] if Path(d).is_dir()]
     trial0 = space.baseline_params()
-    allow_batch_changes = bool((space_options or {}).get("allow_batch_changes"))
 
     def data_guard(run: MeasuredRun, params: Mapping[str, Any]) -> DataCheck:
         changed = {k: v for k, v in params.items() if k not in trial0 or trial0[k] != v}
         return check_data(run_fingerprints(run.run_dir), baseline_data, changed=changed,
-                          allow_batch_changes=allow_batch_changes)
+                          allow_batch_changes=opts.allow_batch_changes)
 
-    # -- search --------------------------------------------------------------------------
     def finished() -> int:
-        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
-                                                             TrialState.PRUNED)))
-
-    from ..launch import process_identity
+        return len(s.optuna.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL,
+                                                                TrialState.PRUNED)))
 
     tuner = process_identity()
-    while not interrupted and finished() < n_trials:
-        if timeout_s is not None and time.monotonic() - t_start > timeout_s:
+    while not s.interrupted and finished() < opts.n_trials:
+        if opts.timeout_s is not None and time.monotonic() - s.t_start > opts.timeout_s:
             break
-        trial = study.ask()
+        trial = s.optuna.ask()
         trial.set_user_attr("tuner", tuner)  # a resuming or peer tuner tells live trials from stale ones
         # Knobs that changed the data in an earlier trial (of any tuner) are searched no more.
         excluded = {k: f"trial {v['trial']} changed the data: {v['reason']}"
-                    for k, v in (study.user_attrs.get("data_guard") or {}).items()}
+                    for k, v in (s.optuna.user_attrs.get("data_guard") or {}).items()}
         try:
-            interrupted = _run_trial(study, trial, space.without(excluded), run_config, launch, baseline_loss,
-                                     baseline_losses, objectives=objectives, loss_tolerance=loss_tolerance,
-                                     max_peak_mem_bytes=max_peak_mem_bytes, unit=unit, data_guard=data_guard)
+            s.interrupted = _run_trial(s.optuna, trial, space.without(excluded), s.run_config, s.launch,
+                                       baseline_loss, baseline_losses, objectives=tuple(opts.objectives),
+                                       loss_tolerance=opts.loss_tolerance, max_peak_mem_bytes=opts.max_peak_mem_bytes,
+                                       unit=s.unit, data_guard=data_guard)
         except KeyboardInterrupt:
             # Ctrl-C between runs (during a run the supervisor turns it into "interrupted"):
             # the asked trial must not stay RUNNING, and the results are still written.
             trial.set_user_attr("failure_reason", "interrupted: the tuner was stopped")
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            interrupted = True
-        _report(study, trial.number, on_trial)
+            s.optuna.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            s.interrupted = True
+        _report(s.optuna, trial.number, on_trial)
 
-    trials = tuple(_trial_result(t) for t in study.get_trials(deepcopy=False))
-    pareto = _pareto(study, objectives) if multi else ()
 
-    # -- confirmation --------------------------------------------------------------------
+def _confirm(s: _Session, space: SearchSpace, trials: Sequence[TrialResult], pareto: Sequence[ParetoTrial],
+             baseline: BaselineStats, rng: np.random.Generator) -> tuple[list[Confirmation], list[str]]:
+    """The fastest feasible trials (the Pareto front's, with two objectives), each paired against the baseline."""
     confirmations: list[Confirmation] = []
-    confirm_notes: list[str] = []
-    rng = np.random.default_rng(seed)
-    if not interrupted and confirm_top > 0:
-        base_dict = run_config.to_dict()
-        seen: set[str] = set()
-        candidates = []
-        base_settings = _baseline_settings(baseline.run_dirs)
-        # Multi-objective: only the Pareto front (feasible by construction), fastest first.
-        on_front = {p.number for p in pareto}
-        for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"
-                         and (not multi or t.number in on_front)),
-                        key=lambda t: -(t.samples_s or 0.0)):
-            key = json.dumps(t.params, sort_keys=True)
-            # The baseline against itself confirms nothing: neither the same config nor one
-            # that only spells out the defaults the baseline ran with (its recorded settings).
-            if key in seen or space.to_config(run_config, t.params).to_dict() == base_dict:
-                continue
-            if base_settings is not None and t.run_dir and _settings_of(t.run_dir) == base_settings:
-                confirm_notes.append(f"trial {t.number} not confirmed: it ran with the baseline's own settings "
-                                     f"({t.samples_s:.4g} vs {baseline.median_samples_s:.4g} {unit} is noise)")
-                continue
-            seen.add(key)
-            candidates.append(t)
-            if len(candidates) == confirm_top:
-                break
-        for cand in candidates:
-            runs = paired(run_config, space.to_config(run_config, cand.params), "confirm", f"{cand.number:04d}",
-                          confirm_pairs)
-            confirmations.append(_confirmation(cand, runs, baseline.noise_rel, rng))
-            if runs.interrupted:
-                interrupted = True
-                break
+    notes: list[str] = []
+    if s.interrupted or s.opts.confirm_top <= 0:
+        return confirmations, notes
+    run_config = s.run_config
+    base_dict = run_config.to_dict()
+    seen: set[str] = set()
+    candidates = []
+    base_settings = _baseline_settings(baseline.run_dirs)
+    on_front = {p.number for p in pareto}
+    for t in sorted((t for t in trials if t.state == "COMPLETE" and t.constraint_status == "feasible"
+                     and (not s.multi or t.number in on_front)),
+                    key=lambda t: -(t.samples_s or 0.0)):
+        key = json.dumps(t.params, sort_keys=True)
+        # The baseline against itself confirms nothing: neither the same config nor one
+        # that only spells out the defaults the baseline ran with (its recorded settings).
+        if key in seen or space.to_config(run_config, t.params).to_dict() == base_dict:
+            continue
+        if base_settings is not None and t.run_dir and _settings_of(t.run_dir) == base_settings:
+            notes.append(f"trial {t.number} not confirmed: it ran with the baseline's own settings "
+                         f"({t.samples_s:.4g} vs {baseline.median_samples_s:.4g} {s.unit} is noise)")
+            continue
+        seen.add(key)
+        candidates.append(t)
+        if len(candidates) == s.opts.confirm_top:
+            break
+    for cand in candidates:
+        runs = s.paired(run_config, space.to_config(run_config, cand.params), "confirm", f"{cand.number:04d}",
+                        s.opts.confirm_pairs)
+        confirmations.append(_confirmation(cand, runs, baseline.noise_rel, rng))
+        if runs.interrupted:
+            s.interrupted = True
+            break
+    return confirmations, notes
 
-    # -- ablation: the winner's changes that earn its speedup ------------------------------
+
+def _ablate_winner(s: _Session, space: SearchSpace, confirmations: Sequence[Confirmation], baseline: BaselineStats,
+                   rng: np.random.Generator) -> tuple[Confirmation | None, Ablation | None]:
+    """The best confirmed winner, and its ablation to the changes that earn its speedup (None: none run)."""
     winners = [c for c in confirmations if c.better]
     best = max(winners, key=lambda c: c.speedup) if winners else None
-    ablation: Ablation | None = None
-    pairs = confirm_pairs if ablation_pairs is None else ablation_pairs
-    if best is not None and not interrupted and pairs > 0:
-        reverted = space.normalize(space.baseline_params())
+    pairs = s.opts.confirm_pairs if s.opts.ablation_pairs is None else s.opts.ablation_pairs
+    if best is None or s.interrupted or pairs <= 0:
+        return best, None
+    reverted = space.normalize(space.baseline_params())
 
-        def config_of(params: Mapping[str, Any]) -> RunConfig:
-            # Every change reverted is the user's configuration itself (not trial 0's spelled-out defaults).
-            return run_config if dict(params) == reverted else space.to_config(run_config, params)
+    def config_of(params: Mapping[str, Any]) -> RunConfig:
+        # Every change reverted is the user's configuration itself (not trial 0's spelled-out defaults).
+        return s.run_config if dict(params) == reverted else space.to_config(s.run_config, params)
 
-        def measure(a: Mapping[str, Any], b: Mapping[str, Any], name: str,
-                    stop: Callable[[Sequence[float], int], bool] | None) -> PairedRuns:
-            return paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs, stop)
+    def measure(a: Mapping[str, Any], b: Mapping[str, Any], name: str,
+                stop: Callable[[Sequence[float], int], bool] | None) -> PairedRuns:
+        return s.paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs, stop)
 
-        ablation = ablate(best.params, space.baseline_params(), trial_number=best.trial_number, space=space,
-                          measure=measure, noise_rel=baseline.noise_rel, rng=rng)
-        interrupted = ablation.interrupted
+    ablation = ablate(best.params, space.baseline_params(), trial_number=best.trial_number, space=space,
+                      measure=measure, noise_rel=baseline.noise_rel, rng=rng)
+    s.interrupted = ablation.interrupted
+    return best, ablation
 
-    # -- results -------------------------------------------------------------------------
+
+def _write_result(s: _Session, base_config: RunConfig, space: SearchSpace, baseline: BaselineStats,
+                  trials: tuple[TrialResult, ...], pareto: tuple[ParetoTrial, ...],
+                  confirmations: Sequence[Confirmation], confirm_notes: Sequence[str], best: Confirmation | None,
+                  ablation: Ablation | None) -> TuneResult:
+    """The TuneResult, written with best.toml (the ablated winner, else the confirmed one, else the base config)."""
     best_params = dict(best.params) if best else {}
     best_speedup, best_ci = (best.speedup, (best.ci_low, best.ci_high)) if best else (None, None)
     if ablation is not None and ablation.better:
         best_params = dict(ablation.params)
         best_speedup, best_ci = ablation.speedup, (ablation.ci_low, ablation.ci_high)
     best_config = space.to_config(base_config, best_params) if best else base_config
+    layout = s.layout
     result = TuneResult(
-        study_name=study_name,
-        storage=storage_url,
-        study_dir=str(root),
+        study_name=s.opts.study_name,
+        storage=s.storage_url,
+        study_dir=str(layout.path),
         baseline=baseline,
         trials=trials,
         confirmations=tuple(confirmations),
@@ -660,12 +642,12 @@ def tune(
         best_speedup=best_speedup,
         best_ci=best_ci,
         best_config=best_config,
-        interrupted=interrupted,
+        interrupted=s.interrupted,
         files={name: str(layout.file(name)) for name in StudyDir.RESULT_FILES},
-        objectives=objectives,
+        objectives=tuple(s.opts.objectives),
         pareto=pareto,
         confirmation_notes=tuple(confirm_notes),
-        data_guard=dict(study.user_attrs.get("data_guard") or {}),
+        data_guard=dict(s.optuna.user_attrs.get("data_guard") or {}),
         ablation=ablation,
     )
     write_text_atomic(layout.best_toml, dump_toml(best_config))
@@ -798,11 +780,7 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
 def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
             warmup_steps: int | None, startup_trials: int | None):
     """The study's Optuna pruner and the percentile it keeps (for the pruning reason)."""
-    if name not in PRUNERS:
-        raise invalid("pruner", f"one of {list(PRUNERS)}", name)
-    if name != "none" and len(objectives) > 1:
-        raise invalid("pruner", "'none' with several objectives (Optuna cannot prune a multi-objective study)",
-                      name)
+    # The name and its use with one objective are checked by StudyConfig.validate.
     if name == "none":
         unused = [k for k, v in (("pruner_percentile", percentile), ("pruner_warmup_steps", warmup_steps),
                                  ("pruner_startup_trials", startup_trials)) if v is not None]
@@ -899,7 +877,7 @@ def _budgeted(base: RunConfig, *, steps: int | None, warmup_steps: int | None,
               timeout_s: float | None) -> RunConfig:
     """The base config with the tuner's per-run budget; the profiler must be on to measure, and fingerprint the data."""
     budget = {
-        "steps": steps if steps is not None else (base.budget.steps or _DEFAULT_STEPS),
+        "steps": steps if steps is not None else (base.budget.steps or STUDY_DEFAULT_STEPS),
         "warmup_steps": warmup_steps if warmup_steps is not None else base.budget.warmup_steps,
     }
     if timeout_s is not None:
