@@ -293,13 +293,13 @@ def test_sized_recommendations_enter_the_study_as_trials(tmp_path):
     import optuna
 
     from torsh_tune.autotune import build_space
-    from torsh_tune.autotune.study import _seed_study
+    from torsh_tune.autotune.seeding import seed_study
 
     run = DATA / "recorded" / "data_bound"
     rec = _io_rec(run)
     space = build_space(nproc_per_node=2, cpu_count=8)
     study = optuna.create_study(direction="maximize")
-    _seed_study(study, space, [str(run)], [])
+    seed_study(study, space, [str(run)], [])
     (trial,) = [t for t in study.trials if t.user_attrs["role"] == "recommendation"
                 and "dataloader.num_workers" in t.system_attrs["fixed_params"]]
     assert trial.system_attrs["fixed_params"]["dataloader.num_workers"] == rec.config_patch["dataloader"]["num_workers"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 
 from torsh_tune.autotune import advisor_params, build_space
-from torsh_tune.autotune.study import _seed_study
+from torsh_tune.autotune.seeding import seed_study
 from torsh_tune.config import RunConfig
 from torsh_tune.strategies.advisor import advice_table, advise
 
@@ -99,7 +99,7 @@ def test_seeding_enqueues_advisor_trials_after_the_defaults_once(tmp_path):
     run = _baseline_run(tmp_path, reference_busbw_gbps=0.5)
     space = build_space(nproc_per_node=2, cpu_count=8)
     study = optuna.create_study(direction="maximize")
-    _seed_study(study, space, [str(run)], [{"ddp.bucket_cap_mb": 50.0}])
+    seed_study(study, space, [str(run)], [{"ddp.bucket_cap_mb": 50.0}])
 
     trials = study.get_trials(deepcopy=False)
     # The baseline's sized recommendation (Top-K at the ratio its overlap allows) follows the advisor's.
@@ -117,7 +117,7 @@ def test_seeding_enqueues_advisor_trials_after_the_defaults_once(tmp_path):
         study.tell(trial, 1.0)
 
     # A resumed study (it has trials) enqueues nothing again.
-    _seed_study(study, space, [str(run)], [])
+    seed_study(study, space, [str(run)], [])
     assert len(study.trials) == 4
 
 
@@ -125,7 +125,7 @@ def test_seeding_without_usable_advice_enqueues_only_the_defaults(tmp_path, capl
     run = _baseline_run(tmp_path)  # no link speed: plain DDP, the same as the defaults
     space = build_space(nproc_per_node=2, cpu_count=8)
     study = optuna.create_study(direction="maximize")
-    _seed_study(study, space, [str(tmp_path / "missing"), str(run)], [])
+    seed_study(study, space, [str(tmp_path / "missing"), str(run)], [])
     assert [t.user_attrs["role"] for t in study.trials if t.user_attrs["role"] != "recommendation"] == [
         "pytorch-defaults"]
     assert study.user_attrs["advisor"]["enqueued"] == []
@@ -133,7 +133,7 @@ def test_seeding_without_usable_advice_enqueues_only_the_defaults(tmp_path, capl
     # A failure of the advisor only warns: the study goes on with trial 0.
     broken = optuna.create_study(direction="maximize")
     with caplog.at_level(logging.WARNING, logger="torsh_tune.autotune.study"):
-        _seed_study(broken, space, None, [])  # type: ignore[arg-type]  # not iterable
+        seed_study(broken, space, None, [])  # type: ignore[arg-type]  # not iterable
     assert [t.user_attrs["role"] for t in broken.trials] == ["pytorch-defaults"]
     assert "strategy advisor candidates not enqueued: TypeError" in caplog.text
 
@@ -142,7 +142,7 @@ def test_a_study_without_compression_gets_no_compression_candidate(tmp_path):
     run = _baseline_run(tmp_path, reference_busbw_gbps=0.5)
     space = build_space(nproc_per_node=2, cpu_count=8, include_compression=False)
     study = optuna.create_study(direction="maximize")
-    _seed_study(study, space, [str(run)], [])
+    seed_study(study, space, [str(run)], [])
     assert len(study.trials) == 1
     assert any("compression.method is not searched here" in line for line in study.user_attrs["advisor"]["skipped"])
 
@@ -158,7 +158,7 @@ def test_the_bench_model_s_predicted_best_follow_the_advisor_s_candidates():
     model = CommModel(world_size=2, nnodes=1, nproc_per_node=2, fits=(fit("all_reduce"), fit("all_gather")))
     space = build_space(nproc_per_node=2, cpu_count=8)
     study = optuna.create_study(direction="maximize")
-    _seed_study(study, space, [str(RECORDED / "comm_bound")], [{"ddp.bucket_cap_mb": 50.0}],
+    seed_study(study, space, [str(RECORDED / "comm_bound")], [{"ddp.bucket_cap_mb": 50.0}],
                 comm_model=model, reference_bench="bench-run")
     roles = [t.user_attrs["role"] for t in study.trials]
     assert roles[:2] == ["pytorch-defaults", "initial"] and roles.count("model") >= 1

@@ -378,7 +378,7 @@ def model_candidates(
 ) -> list[ModelCandidate]:
     """The configurations the communication model predicts fastest, as trial parameters of `space`.
 
-    For the tuner's warm start (`_seed_study`, role "model"): enqueue each returned
+    For the tuner's warm start (`seeding.seed_study`, role "model"): enqueue each returned
     candidate's `params` with `study.enqueue_trial(c.params, user_attrs={"role": "model",
     "predicted_speedup": c.predicted_speedup, "why": c.why})` after trial 0 and the advisor's.
     Call it inside a try/except that only warns (like the advisor): a missing fit or a

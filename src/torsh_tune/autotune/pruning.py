@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -40,9 +41,14 @@ if TYPE_CHECKING:
 
     from ..launch import Progress
 
-__all__ = ["PRUNERS", "StepRecordReader", "TrialPruning", "make_pruner"]
+__all__ = ["PRUNERS", "StepRecordReader", "TrialPruning", "make_pruner", "study_pruner"]
 
 PRUNERS = STUDY_PRUNERS
+
+_log = logging.getLogger(__name__)
+_DEFAULT_PRUNER_PERCENTILE = 25.0
+_DEFAULT_PRUNER_WARMUP_STEPS = 3
+_DEFAULT_PRUNER_STARTUP_TRIALS = 5
 
 _STEPS_RE = re.compile(r"^rank(\d+)\.steps\.jsonl$")
 _COLUMNS = ("rank", "step", "step_s", "samples", "tokens", "warmup")
@@ -191,3 +197,31 @@ class TrialPruning:
         label = "median" if self.percentile == 50 else f"{100 - self.percentile:g}th percentile"
         return (f"pruned at step {step}: {best:.1f} {self.unit} vs {label} {cut:.1f} "
                 f"({len(others)} completed trial{'s' if len(others) != 1 else ''})")
+
+
+def study_pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
+            warmup_steps: int | None, startup_trials: int | None):
+    """The study's Optuna pruner and the percentile it keeps (for the pruning reason), defaults filled in.
+
+    Options that have no effect with `name` are warned about; `pruner_warmup_steps` must leave a
+    measured step to prune at.
+    """
+    # The name and its use with one objective are checked by StudyConfig.validate.
+    if name == "none":
+        unused = [k for k, v in (("pruner_percentile", percentile), ("pruner_warmup_steps", warmup_steps),
+                                 ("pruner_startup_trials", startup_trials)) if v is not None]
+        if unused:
+            _log.warning("%s has no effect without a pruner (pruner='none')", ", ".join(unused))
+    elif name == "median" and percentile is not None:
+        _log.warning("pruner_percentile has no effect with the median pruner")
+    if warmup_steps is None:
+        warmup_steps = min(_DEFAULT_PRUNER_WARMUP_STEPS, max(measured_steps - 1, 0))
+    elif name != "none" and isinstance(warmup_steps, int) and warmup_steps >= measured_steps:
+        raise invalid("pruner_warmup_steps", f"< the measured steps per run ({measured_steps}) to ever prune",
+                      warmup_steps)
+    if percentile is None:
+        percentile = _DEFAULT_PRUNER_PERCENTILE
+    optuna_pruner = make_pruner(
+        name, percentile=percentile, warmup_steps=warmup_steps,
+        startup_trials=_DEFAULT_PRUNER_STARTUP_TRIALS if startup_trials is None else startup_trials)
+    return optuna_pruner, (float(percentile) if name == "percentile" else 50.0)

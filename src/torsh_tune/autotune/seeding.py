@@ -21,12 +21,17 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import ConfigError
+from ..fabric import CommModel
 from .space import BASELINE_PARAMS, SearchSpace
 
-__all__ = ["advisor_params"]
+__all__ = ["advisor_params", "seed_study"]
+
+_log = logging.getLogger(__name__)
 
 # The strategy kinds a zero-code trial can run (the others need torsh_tune.parallelize).
 
@@ -142,3 +147,124 @@ def _complete(space: SearchSpace, values: Mapping[str, Any]) -> dict[str, Any]:
 
 def _key(params: Mapping[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=str)
+
+
+def seed_study(study, space: SearchSpace, run_dirs: Sequence[str], initial_params: Sequence[Mapping[str, Any]], *,
+                comm_model: CommModel | None = None, reference_bench: Any = None) -> None:
+    """Enqueue the study's first trials: trial 0 (PyTorch defaults), `initial_params`, the strategy
+    advisor's candidates, the baseline's sized recommendations, then the communication model's.
+
+    Only into a study without trials: a resumed study already holds them (run or waiting).
+    """
+    if study.trials:
+        return
+    study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
+    for params in initial_params:
+        study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
+    seeded = [*initial_params, *_enqueue_advisor(study, space, run_dirs, exclude=initial_params)]
+    if comm_model is not None:
+        _enqueue_model(study, space, run_dirs, comm_model, exclude=seeded, source=str(reference_bench))
+
+
+def _enqueue_model(study, space: SearchSpace, run_dirs: Sequence[str], model: CommModel, *,
+                   exclude: Sequence[Mapping[str, Any]], source: str) -> None:
+    """Enqueue the configurations the bench's alpha-beta model predicts fastest; a failure only warns.
+
+    Predicted for the first baseline run that recorded its steps and buckets; what was
+    enqueued and skipped (and why) is kept in the study's user attr "model".
+    """
+    from .predict import model_candidates
+
+    skipped: list[str] = []
+    try:
+        candidates = []
+        for run_dir in run_dirs:
+            try:
+                candidates = model_candidates(model, run_dir, space, exclude=exclude, skipped=skipped)
+                break
+            except ConfigError as exc:  # this run recorded too little: try the next repeat
+                skipped.append(f"{run_dir}: {exc}")
+        for c in candidates:
+            study.enqueue_trial(c.params, user_attrs={"role": "model", "predicted_speedup": c.predicted_speedup,
+                                                      "predicted_why": c.why})
+        study.set_user_attr("model", {
+            "bench": source,
+            "enqueued": [{"params": c.params, "predicted_step_s": c.predicted_step_s,
+                          "baseline_predicted_step_s": c.baseline_predicted_step_s,
+                          "predicted_speedup": c.predicted_speedup, "why": c.why} for c in candidates],
+            "skipped": skipped,
+        })
+    except Exception as exc:  # noqa: BLE001 - the model only seeds the search; it must not stop it
+        _log.warning("communication-model candidates not enqueued: %s: %s", type(exc).__name__, exc)
+        study.set_user_attr("model", {"bench": source, "enqueued": [], "skipped": skipped,
+                                      "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
+                     exclude: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Enqueue what the baseline's analysis proposes: the strategy advisor's candidates, then the
+    recommendations sized from the run (DataLoader workers, bucket cap, compression ratio) whose
+    patches the space can express, so the study confirms or refutes each. A failure only warns.
+
+    The advisor's come from the first baseline run with advice (a recorded parameter count), the
+    recommendations from the first with step records. What was enqueued and skipped (and why) is
+    kept in the study's user attrs "advisor" and "recommendations".
+
+    Returns:
+        The parameters enqueued.
+    """
+    from ..analysis import analyze_run
+
+    analyses: list[Any] = []
+    enqueued: list[dict[str, Any]] = []
+    try:
+        rows: tuple[dict[str, Any], ...] = ()
+        for run_dir in run_dirs:
+            analyses.append(analyze_run(run_dir))
+            rows = analyses[-1].advice
+            if rows:
+                break
+        if not rows:
+            study.set_user_attr("advisor", {"enqueued": [], "skipped": [],
+                                            "note": "no advice: the baseline recorded no parameter count"})
+        else:
+            names = {int(r["rank"]): str(r["name"]) for r in rows}
+            skipped: list[str] = []
+            trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
+            for rank, params in trials:
+                study.enqueue_trial(params, user_attrs={"role": "advisor", "advisor_rank": rank,
+                                                        "advisor_name": names.get(rank, "")})
+            study.set_user_attr("advisor", {
+                "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
+                             for rank, params in trials],
+                "skipped": skipped,
+            })
+            enqueued += [params for _, params in trials]
+    except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
+        _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
+    try:
+        analysis = next((a for a in analyses if a.breakdown is not None), None)
+        for run_dir in run_dirs[len(analyses):] if analysis is None else ():
+            analysis = analyze_run(run_dir)
+            if analysis.breakdown is not None:
+                break
+        recs = analysis.recommendations if analysis is not None else ()
+        rows = tuple({"rank": r.priority, "name": r.title, "config_patch": r.config_patch} for r in recs)
+        skipped = [f"#{r.priority} {r.title}: no config knob (a code change)" for r in recs if not r.config_patch]
+        trials = advisor_params([row for row in rows if row["config_patch"]], space,
+                                exclude=[*exclude, *enqueued], skipped=skipped)
+        by_rank = {r.priority: r for r in recs}
+        for rank, params in trials:
+            gain = by_rank[rank].expected_gain
+            study.enqueue_trial(params, user_attrs={"role": "recommendation", "recommendation": by_rank[rank].title,
+                                                    "expected_gain_pct": [gain.low_pct, gain.high_pct]})
+        study.set_user_attr("recommendations", {
+            "run_dir": analysis.run_dir if analysis is not None else None,
+            "enqueued": [{"priority": rank, "title": by_rank[rank].title, "params": params,
+                          "basis": by_rank[rank].expected_gain.basis} for rank, params in trials],
+            "skipped": skipped,
+        })
+        enqueued += [params for _, params in trials]
+    except Exception as exc:  # noqa: BLE001 - recommendations only seed the search; they must not stop it
+        _log.warning("recommendations not enqueued: %s: %s", type(exc).__name__, exc)
+    return enqueued

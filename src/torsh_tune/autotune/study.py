@@ -39,7 +39,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import logging
 import math
 import os
 import time
@@ -57,9 +56,9 @@ from ..rundir import RunDir, StudyDir, write_json_atomic, write_text_atomic
 from .ablation import Ablation, PairedRuns, ablate, paired_stats
 from .dataguard import DataCheck, check_data, run_fingerprints
 from .objective import effective_settings, loss_check, loss_deviation, trial_constraints
-from .pruning import TrialPruning, make_pruner
+from .pruning import TrialPruning, study_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
-from .seeding import advisor_params
+from .seeding import seed_study
 from .space import SearchSpace, build_space
 from .storage import open_storage
 
@@ -82,11 +81,6 @@ SAMPLERS = STUDY_SAMPLERS
 #: "loss": relative deviation of the mean loss from the baseline's over their common steps.
 OBJECTIVES = {"throughput": "maximize", "loss": "minimize"}
 
-_log = logging.getLogger(__name__)
-
-_DEFAULT_PRUNER_PERCENTILE = 25.0
-_DEFAULT_PRUNER_WARMUP_STEPS = 3
-_DEFAULT_PRUNER_STARTUP_TRIALS = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,7 +344,7 @@ def tune(
         nproc_per_node=base_config.launch.nproc_per_node, cpu_count=cpu_count, cuda=cuda,
         baseline_num_microbatches=baseline.max_microbatches, include_compression=study.include_compression,
         spec=space_spec, base=base_config, api_mode=study.api_mode, allow_batch_changes=study.allow_batch_changes)
-    _seed_study(session.optuna, space, stored["run_dirs"], initial_params, comm_model=session.comm_model,
+    seed_study(session.optuna, space, stored["run_dirs"], initial_params, comm_model=session.comm_model,
                 reference_bench=study.reference_bench)
     _search(session, space, stored, on_trial=on_trial)
     trials = tuple(_trial_result(t) for t in session.optuna.get_trials(deepcopy=False))
@@ -439,7 +433,7 @@ def _open_session(script: str | os.PathLike[str], script_args: Sequence[str], *,
     comm_model = load_model(study.reference_bench) if study.reference_bench is not None else None
     run_config = _budgeted(base_config, steps=study.steps, warmup_steps=study.warmup_steps,
                            timeout_s=study.trial_timeout_s)
-    optuna_pruner, prune_percentile = _pruner(
+    optuna_pruner, prune_percentile = study_pruner(
         study.pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=study.pruner_percentile,
         warmup_steps=study.pruner_warmup_steps, startup_trials=study.pruner_startup_trials)
     root = Path(study_dir)
@@ -654,151 +648,6 @@ def _write_result(s: _Session, base_config: RunConfig, space: SearchSpace, basel
     _write_trials_csv(layout.trials_csv, trials)
     write_json_atomic(layout.result_json, result.to_dict())
     return result
-
-
-def _seed_study(study, space: SearchSpace, run_dirs: Sequence[str], initial_params: Sequence[Mapping[str, Any]], *,
-                comm_model: CommModel | None = None, reference_bench: Any = None) -> None:
-    """Enqueue trial 0 (PyTorch defaults), `initial_params`, the advisor's candidates, the baseline's
-    sized recommendations, then the model's.
-
-    Only into a study without trials: a resumed study already holds them (run or waiting).
-    """
-    if study.trials:
-        return
-    study.enqueue_trial(space.baseline_params(), user_attrs={"role": "pytorch-defaults"})
-    for params in initial_params:
-        study.enqueue_trial(dict(params), user_attrs={"role": "initial"})
-    seeded = [*initial_params, *_enqueue_advisor(study, space, run_dirs, exclude=initial_params)]
-    if comm_model is not None:
-        _enqueue_model(study, space, run_dirs, comm_model, exclude=seeded, source=str(reference_bench))
-
-
-def _enqueue_model(study, space: SearchSpace, run_dirs: Sequence[str], model: CommModel, *,
-                   exclude: Sequence[Mapping[str, Any]], source: str) -> None:
-    """Enqueue the configurations the bench's alpha-beta model predicts fastest; a failure only warns.
-
-    Predicted for the first baseline run that recorded its steps and buckets; what was
-    enqueued and skipped (and why) is kept in the study's user attr "model".
-    """
-    from .predict import model_candidates
-
-    skipped: list[str] = []
-    try:
-        candidates = []
-        for run_dir in run_dirs:
-            try:
-                candidates = model_candidates(model, run_dir, space, exclude=exclude, skipped=skipped)
-                break
-            except ConfigError as exc:  # this run recorded too little: try the next repeat
-                skipped.append(f"{run_dir}: {exc}")
-        for c in candidates:
-            study.enqueue_trial(c.params, user_attrs={"role": "model", "predicted_speedup": c.predicted_speedup,
-                                                      "predicted_why": c.why})
-        study.set_user_attr("model", {
-            "bench": source,
-            "enqueued": [{"params": c.params, "predicted_step_s": c.predicted_step_s,
-                          "baseline_predicted_step_s": c.baseline_predicted_step_s,
-                          "predicted_speedup": c.predicted_speedup, "why": c.why} for c in candidates],
-            "skipped": skipped,
-        })
-    except Exception as exc:  # noqa: BLE001 - the model only seeds the search; it must not stop it
-        _log.warning("communication-model candidates not enqueued: %s: %s", type(exc).__name__, exc)
-        study.set_user_attr("model", {"bench": source, "enqueued": [], "skipped": skipped,
-                                      "error": f"{type(exc).__name__}: {exc}"})
-
-
-def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
-                     exclude: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Enqueue what the baseline's analysis proposes: the strategy advisor's candidates, then the
-    recommendations sized from the run (DataLoader workers, bucket cap, compression ratio) whose
-    patches the space can express, so the study confirms or refutes each. A failure only warns.
-
-    The advisor's come from the first baseline run with advice (a recorded parameter count), the
-    recommendations from the first with step records. What was enqueued and skipped (and why) is
-    kept in the study's user attrs "advisor" and "recommendations".
-
-    Returns:
-        The parameters enqueued.
-    """
-    from ..analysis import analyze_run
-
-    analyses: list[Any] = []
-    enqueued: list[dict[str, Any]] = []
-    try:
-        rows: tuple[dict[str, Any], ...] = ()
-        for run_dir in run_dirs:
-            analyses.append(analyze_run(run_dir))
-            rows = analyses[-1].advice
-            if rows:
-                break
-        if not rows:
-            study.set_user_attr("advisor", {"enqueued": [], "skipped": [],
-                                            "note": "no advice: the baseline recorded no parameter count"})
-        else:
-            names = {int(r["rank"]): str(r["name"]) for r in rows}
-            skipped: list[str] = []
-            trials = advisor_params(rows, space, exclude=exclude, skipped=skipped)
-            for rank, params in trials:
-                study.enqueue_trial(params, user_attrs={"role": "advisor", "advisor_rank": rank,
-                                                        "advisor_name": names.get(rank, "")})
-            study.set_user_attr("advisor", {
-                "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
-                             for rank, params in trials],
-                "skipped": skipped,
-            })
-            enqueued += [params for _, params in trials]
-    except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
-        _log.warning("strategy advisor candidates not enqueued: %s: %s", type(exc).__name__, exc)
-    try:
-        analysis = next((a for a in analyses if a.breakdown is not None), None)
-        for run_dir in run_dirs[len(analyses):] if analysis is None else ():
-            analysis = analyze_run(run_dir)
-            if analysis.breakdown is not None:
-                break
-        recs = analysis.recommendations if analysis is not None else ()
-        rows = tuple({"rank": r.priority, "name": r.title, "config_patch": r.config_patch} for r in recs)
-        skipped = [f"#{r.priority} {r.title}: no config knob (a code change)" for r in recs if not r.config_patch]
-        trials = advisor_params([row for row in rows if row["config_patch"]], space,
-                                exclude=[*exclude, *enqueued], skipped=skipped)
-        by_rank = {r.priority: r for r in recs}
-        for rank, params in trials:
-            gain = by_rank[rank].expected_gain
-            study.enqueue_trial(params, user_attrs={"role": "recommendation", "recommendation": by_rank[rank].title,
-                                                    "expected_gain_pct": [gain.low_pct, gain.high_pct]})
-        study.set_user_attr("recommendations", {
-            "run_dir": analysis.run_dir if analysis is not None else None,
-            "enqueued": [{"priority": rank, "title": by_rank[rank].title, "params": params,
-                          "basis": by_rank[rank].expected_gain.basis} for rank, params in trials],
-            "skipped": skipped,
-        })
-        enqueued += [params for _, params in trials]
-    except Exception as exc:  # noqa: BLE001 - recommendations only seed the search; they must not stop it
-        _log.warning("recommendations not enqueued: %s: %s", type(exc).__name__, exc)
-    return enqueued
-
-
-def _pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
-            warmup_steps: int | None, startup_trials: int | None):
-    """The study's Optuna pruner and the percentile it keeps (for the pruning reason)."""
-    # The name and its use with one objective are checked by StudyConfig.validate.
-    if name == "none":
-        unused = [k for k, v in (("pruner_percentile", percentile), ("pruner_warmup_steps", warmup_steps),
-                                 ("pruner_startup_trials", startup_trials)) if v is not None]
-        if unused:
-            _log.warning("%s has no effect without a pruner (pruner='none')", ", ".join(unused))
-    elif name == "median" and percentile is not None:
-        _log.warning("pruner_percentile has no effect with the median pruner")
-    if warmup_steps is None:
-        warmup_steps = min(_DEFAULT_PRUNER_WARMUP_STEPS, max(measured_steps - 1, 0))
-    elif name != "none" and isinstance(warmup_steps, int) and warmup_steps >= measured_steps:
-        raise invalid("pruner_warmup_steps", f"< the measured steps per run ({measured_steps}) to ever prune",
-                      warmup_steps)
-    if percentile is None:
-        percentile = _DEFAULT_PRUNER_PERCENTILE
-    optuna_pruner = make_pruner(
-        name, percentile=percentile, warmup_steps=warmup_steps,
-        startup_trials=_DEFAULT_PRUNER_STARTUP_TRIALS if startup_trials is None else startup_trials)
-    return optuna_pruner, (float(percentile) if name == "percentile" else 50.0)
 
 
 def _run_trial(study, trial, space: SearchSpace, run_config: RunConfig, launch, baseline_loss: pd.Series,
