@@ -82,7 +82,6 @@ SAMPLERS = STUDY_SAMPLERS
 OBJECTIVES = {"throughput": "maximize", "loss": "minimize"}
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class TrialResult:
     """One optimisation trial as recorded in the study.
