@@ -41,6 +41,18 @@ def assert_record_schema(record: dict, kind: str) -> None:
     assert set(record) <= {f.name for f in fields}, set(record) - {f.name for f in fields}
 
 
+def sigint_as_ctrl_c() -> None:
+    """`preexec_fn` for a child a test sends SIGINT to: the default disposition, as in a terminal.
+
+    A suite started as a background job (`make test &`, `nohup`) inherits SIGINT ignored, and a
+    Python child that starts with it ignored installs no KeyboardInterrupt handler: the Ctrl-C
+    would never arrive and the test would time out instead of testing the tuner's handling.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []

@@ -26,7 +26,7 @@ from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.launch import kill_run_processes
 from torsh_tune.rundir import new_run_dir
 
-from helpers import run_survivors
+from helpers import run_survivors, sigint_as_ctrl_c
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -212,7 +212,7 @@ def test_resume_after_sigkill_loses_no_completed_trial_and_ctrl_c_stops_cleanly(
     # --resume: trial 1 was left RUNNING (stale); trial 2 runs, hangs and gets Ctrl-C.
     log = (root / "tuner-2.log").open("w")
     proc = subprocess.Popen(_tune_cmd(root, journal, "--resume", str(study_dir), trials=3),
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=sigint_as_ctrl_c)
     try:
         run_id = _wait_for_hang(proc, study_dir / "trials" / "0002")
         proc.send_signal(signal.SIGINT)
@@ -247,7 +247,8 @@ def test_resume_after_sigkill_loses_no_completed_trial_and_ctrl_c_stops_cleanly(
 def test_ctrl_c_during_the_baseline_exits_130(tmp_path: Path) -> None:
     (tmp_path / "space.toml").write_text(SPACE_TOML)
     cmd = _tune_cmd(tmp_path, tmp_path / "journal.log", "--runs-dir", str(tmp_path), "--run-name", "study", trials=2)
-    proc = subprocess.Popen([*cmd, "--mode", "hang"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([*cmd, "--mode", "hang"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_ctrl_c)
     try:
         run_id = _wait_for_hang(proc, tmp_path / "study" / "baseline" / "00")
         proc.send_signal(signal.SIGINT)

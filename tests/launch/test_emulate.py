@@ -27,7 +27,7 @@ from torsh_tune.launch.emulate import (
 )
 from torsh_tune.rundir import new_run_dir
 
-from helpers import EXAMPLES, REPO, run_cli, run_survivors
+from helpers import EXAMPLES, REPO, run_cli, run_survivors, sigint_as_ctrl_c
 
 SPEC = "nodes=2,procs_per_node=2,link=1gbit"
 LINK_GBPS = 1.0
@@ -181,7 +181,7 @@ def _long_bench(runs: Path, *, stderr: int) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "torsh_tune.cli", "bench", "--emulate", SPEC,
                              "--collectives", "all_reduce", "--min-bytes", str(4 << 20), "--max-bytes", str(4 << 20),
                              "--iters", "200", "--warmup", "1", "--runs-dir", str(runs)],
-                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True, preexec_fn=sigint_as_ctrl_c)
 
 
 def _started(runs: Path, marker: str, count: int) -> str | None:
