@@ -332,6 +332,8 @@ class RankRuntime:
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
+        if self._fwd is not None:  # the last forward raised before its post hook: close its annotation
+            TraceWindows.end_annotation(self._fwd[3])
         scope = self.traces.annotate("forward") if self.traces is not None and self.traces.recording else None
         self._fwd = (now(), events.record() if events is not None else None, batch, scope)
 
