@@ -130,3 +130,18 @@ def test_env_and_config_json(tmp_path: Path) -> None:
 def test_shlex_join_is_what_templates_receive() -> None:
     cmd = ["a", "b c"]
     assert apply_launcher_template("x {cmd} y", cmd) == ["x", *shlex.split(shlex.join(cmd)), "y"]
+
+
+def test_torchrun_flags_are_read_off_its_source_as_its_parser_knows_them():
+    from torch.distributed.run import get_args_parser
+
+    from torsh_tune.launch.command import torchrun_accepts
+
+    known = {opt for action in get_args_parser()._actions for opt in action.option_strings}
+    for flag in ("--shutdown-timeout", "--standalone", "--nproc-per-node", "--tee", "--log-dir", "--no-such-flag",
+                 "--local-ranks-filter"):
+        assert torchrun_accepts(flag) == (flag in known), flag
+    # The launching process never imports torch for it (it cost ~2 s per CLI run).
+    probe = ("import sys; from torsh_tune.launch.command import torchrun_accepts; "
+             "torchrun_accepts('--shutdown-timeout'); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -52,8 +52,24 @@ def torchrun_log_dir(run_dir: RunDir) -> Path:
 
 
 @functools.cache
+@functools.cache
 def torchrun_accepts(flag: str) -> bool:
-    """Whether this torch's torchrun parser knows `flag` (flags come and go between releases)."""
+    """Whether this torch's torchrun parser knows `flag` (flags come and go between releases).
+
+    Read off the source of `torch/distributed/run.py`, which declares every flag as a string
+    literal: importing it would import torch into the launching process (~2 s per CLI run,
+    before anything starts). Without the source (a frozen install), asks the parser itself.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # locates the package without importing it
+    source = Path(spec.origin).parent / "distributed" / "run.py" if spec is not None and spec.origin else None
+    try:
+        text = source.read_text(encoding="utf-8") if source is not None else None
+    except OSError:
+        text = None
+    if text is not None:
+        return f'"{flag}"' in text or f"'{flag}'" in text
     from torch.distributed.run import get_args_parser
 
     return any(flag in action.option_strings for action in get_args_parser()._actions)
