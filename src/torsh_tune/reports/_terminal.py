@@ -350,7 +350,9 @@ def _render_ablation(a: Any, console: Console) -> None:
         elif e.kept:
             console.print(f"  {e.knob} = {_short(e.value)}: kept ({e.verdict})", markup=False)
         else:
-            measured = f" ({e.ratio:.3f}x with it)" if e.ratio is not None else ""
+            # The pairs stop once a drop is decided: one pair's ratio is no measurement of harm.
+            n = len(e.ratios)
+            measured = f" ({e.ratio:.3f}x with it, {n} pair{'s' if n != 1 else ''})" if e.ratio is not None else ""
             console.print(f"  {e.knob} = {_short(e.value)}: dropped, no measurable effect{measured}", markup=False)
     for note in a.notes:
         console.print(f"  {note}", markup=False)
