@@ -344,7 +344,7 @@ def tune(
         baseline_num_microbatches=baseline.max_microbatches, include_compression=study.include_compression,
         spec=space_spec, base=base_config, api_mode=study.api_mode, allow_batch_changes=study.allow_batch_changes)
     seed_study(session.optuna, space, stored["run_dirs"], initial_params, comm_model=session.comm_model,
-                reference_bench=study.reference_bench)
+               reference_bench=study.reference_bench)
     _search(session, space, stored, on_trial=on_trial)
     trials = tuple(_trial_result(t) for t in session.optuna.get_trials(deepcopy=False))
     pareto = _pareto(session.optuna, study.objectives) if session.multi else ()
