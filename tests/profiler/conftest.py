@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,6 +28,9 @@ def capture():
     try:
         yield cap, tracker
     finally:
+        # Async collectives' future callbacks run on gloo's worker threads: give them time to finish
+        # before the group is destroyed (its destructor joins them while holding the GIL).
+        time.sleep(0.1)
         if dist.is_initialized():
             dist.destroy_process_group()
         for (module, name), original in saved.items():

@@ -20,6 +20,14 @@ def ddp(capture):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
     yield (*capture, DistributedDataParallel(model, bucket_cap_mb=0.5), [])
+    _quiesce()
+
+
+def _quiesce() -> None:
+    """Let gloo's worker threads finish disposing the futures' Python callbacks before the model's
+    Reducer and process group are freed: freeing them joins those threads with the GIL held, and a
+    thread still disposing a callback waits for the GIL (a deadlock seen once in a full suite run)."""
+    time.sleep(0.2)
 
 
 def _seen(calls):
