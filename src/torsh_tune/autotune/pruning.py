@@ -199,8 +199,8 @@ class TrialPruning:
                 f"({len(others)} completed trial{'s' if len(others) != 1 else ''})")
 
 
-def study_pruner(name: str, *, objectives: tuple[str, ...], measured_steps: int, percentile: float | None,
-            warmup_steps: int | None, startup_trials: int | None):
+def study_pruner(name: str, *, measured_steps: int, percentile: float | None, warmup_steps: int | None,
+                 startup_trials: int | None):
     """The study's Optuna pruner and the percentile it keeps (for the pruning reason), defaults filled in.
 
     Options that have no effect with `name` are warned about; `pruner_warmup_steps` must leave a

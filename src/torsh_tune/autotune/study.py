@@ -433,7 +433,7 @@ def _open_session(script: str | os.PathLike[str], script_args: Sequence[str], *,
     run_config = _budgeted(base_config, steps=study.steps, warmup_steps=study.warmup_steps,
                            timeout_s=study.trial_timeout_s)
     optuna_pruner, prune_percentile = study_pruner(
-        study.pruner, objectives=objectives, measured_steps=run_config.budget.steps, percentile=study.pruner_percentile,
+        study.pruner, measured_steps=run_config.budget.steps, percentile=study.pruner_percentile,
         warmup_steps=study.pruner_warmup_steps, startup_trials=study.pruner_startup_trials)
     root = Path(study_dir)
     root.mkdir(parents=True, exist_ok=True)
