@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
-from torsh_tune.analysis import analyze_run
+from torsh_tune.analysis import analyze_run, phase_frame
 from torsh_tune.rundir import RunDir
 
 from helpers import SCRIPTS, read_jsonl, run_cli
@@ -156,7 +157,11 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
         # One gradient all-reduce per optimizer step (accelerate accumulates 2 micro-batches under no_sync);
         # DDP reports a step's timers at the next forward, so the last step has none.
         assert set(ddp) == set(range(STEPS + WARMUP - 1)) and set(ddp.values()) == {grad_bytes}, ddp
-    a = analyze_run(run.path)
-    # Phases are disjoint (Lightning runs forward and backward inside optimizer.step(closure)): medians over
-    # steps of each phase need not add up to exactly 100 %, but nothing is counted twice.
-    assert sum(a.breakdown.phases_pct.values()) <= 105.0, a.breakdown.phases_pct
+    # Phases are disjoint (Lightning runs forward and backward inside optimizer.step(closure)): in every step
+    # record the phases fit inside the step, nothing is counted twice. (Medians over steps of each phase
+    # need not add up to 100 %: CI once saw 107 % from disjoint phases, so the check is per record.)
+    phases = phase_frame(pd.read_parquet(run.path / "steps.parquet"))
+    inside = phases[["data", "forward", "backward_compute", "exposed_comm", "optimizer"]].sum(axis=1)
+    excess = inside - phases["step_s"]
+    assert (excess <= 1e-6 + 1e-3 * phases["step_s"]).all(), phases[excess > 0]
+    assert analyze_run(run.path).breakdown.phases_pct["forward"] > 0
