@@ -214,6 +214,10 @@ LIGHT = [
                 f"render_tuning_markdown(get_tuning_info({str(DATA / 'study_small')!r}))",
      {"torch", "optuna", "plotly", "dash"}),  # plotly only when a figure is drawn
     ("dashboard", _every_module("torsh_tune.dashboard"), {"torch"}),
+    # What a CLI run loads before torchrun starts: its progress line, the launcher, torchrun's flags.
+    ("cli before a launch", "import torsh_tune.cli, torsh_tune.launch, torsh_tune.reports._terminal\n"
+                            "torsh_tune.launch.command.torchrun_accepts('--tee')",
+     {"torch", "pandas", "plotly", "optuna"}),
     ("autotune", "import torsh_tune.autotune", {"torch", "optuna"}),
     ("autotune modules", _every_module("torsh_tune.autotune"), {"torch"}),
     ("advisor", "import torsh_tune.strategies.advisor", {"torch", "optuna", "dash", "plotly"}),

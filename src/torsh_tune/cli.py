@@ -342,9 +342,9 @@ def check_script(script: str) -> Path:
 def _check_backend(config: RunConfig) -> None:
     if config.launch.backend != "nccl" or config.launch.nnodes > 1 or config.launch.launcher:
         return  # on other hosts the ranks themselves check
-    import torch
+    from .launch.command import local_cuda_available
 
-    if not torch.cuda.is_available():
+    if not local_cuda_available():
         raise invalid("--backend", "gloo or auto when CUDA is not available (nccl needs a GPU)", "nccl")
 
 
@@ -622,12 +622,12 @@ def uses_parallelize(script: Path) -> bool:
 
 
 def _uses_cuda(config: RunConfig) -> bool:
-    """Whether the ranks will use CUDA (judged on this host: the launch node)."""
+    """Whether the ranks will use CUDA (judged on this host: the launch node; torch-free on a CPU host)."""
     if config.launch.backend == "gloo":
         return False
-    import torch
+    from .launch.command import local_cuda_available
 
-    return bool(torch.cuda.is_available())
+    return local_cuda_available()
 
 
 def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: RunConfig, script: Path,

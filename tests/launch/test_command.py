@@ -145,3 +145,28 @@ def test_torchrun_flags_are_read_off_its_source_as_its_parser_knows_them():
     probe = ("import sys; from torsh_tune.launch.command import torchrun_accepts; "
              "torchrun_accepts('--shutdown-timeout'); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_cuda_availability_is_torchs_answer_and_needs_no_torch_import_on_a_cpu_host(monkeypatch):
+    import torch
+
+    from torsh_tune.launch import command
+
+    probe = ("import sys; from torsh_tune.launch.command import local_cuda_available; "
+             "print(local_cuda_available(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == str(torch.cuda.is_available())
+    if torch.version.cuda is None and torch.version.hip is None:  # this CPU wheel: said from torch/version.py
+        assert out[1] == "False"
+    # What each torch/version.py says, on a host without an NVIDIA driver (torch asked only where it may say yes).
+    monkeypatch.setattr(command.Path, "exists", lambda self: False)
+    asked = []
+    monkeypatch.setitem(sys.modules, "torch", type("T", (), {"cuda": type("C", (), {"is_available": lambda: asked.append(1) or True})}))
+    for text, expected, asks in (("cuda: Optional[str] = None\nhip: Optional[str] = None\n", False, 0),
+                                 ("cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", False, 0),
+                                 ("cuda = None\nhip = '6.2'\n", True, 1)):
+        monkeypatch.setattr(command, "_torch_source", lambda relpath, text=text: text)
+        command.local_cuda_available.cache_clear()
+        asked.clear()
+        assert command.local_cuda_available() is expected and len(asked) == asks, text
+    command.local_cuda_available.cache_clear()

@@ -27,6 +27,7 @@ __all__ = [
     "apply_launcher_template",
     "build_run_env",
     "build_torchrun_command",
+    "local_cuda_available",
     "new_run_id",
     "torchrun_log_dir",
     "write_config_json",
@@ -51,7 +52,19 @@ def torchrun_log_dir(run_dir: RunDir) -> Path:
     return run_dir.logs / "torchrun"
 
 
-@functools.cache
+def _torch_source(relpath: str) -> str | None:
+    """The text of a file of the installed torch package, found without importing torch (None if unreadable)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")  # locates the package without importing it
+    if spec is None or not spec.origin:
+        return None
+    try:
+        return (Path(spec.origin).parent / relpath).read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
 @functools.cache
 def torchrun_accepts(flag: str) -> bool:
     """Whether this torch's torchrun parser knows `flag` (flags come and go between releases).
@@ -60,19 +73,35 @@ def torchrun_accepts(flag: str) -> bool:
     literal: importing it would import torch into the launching process (~2 s per CLI run,
     before anything starts). Without the source (a frozen install), asks the parser itself.
     """
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")  # locates the package without importing it
-    source = Path(spec.origin).parent / "distributed" / "run.py" if spec is not None and spec.origin else None
-    try:
-        text = source.read_text(encoding="utf-8") if source is not None else None
-    except OSError:
-        text = None
+    text = _torch_source("distributed/run.py")
     if text is not None:
         return f'"{flag}"' in text or f"'{flag}'" in text
     from torch.distributed.run import get_args_parser
 
     return any(flag in action.option_strings for action in get_args_parser()._actions)
+
+
+@functools.cache
+def local_cuda_available() -> bool:
+    """`torch.cuda.is_available()` on this host, without importing torch where the answer is plainly no.
+
+    A torch built without CUDA or ROCm (`torch/version.py` says `cuda = None`, `hip = None`), or a
+    CUDA build on a host without an NVIDIA driver, cannot use a GPU: said from files, where importing
+    torch would cost the launching process ~2-3 s before its first launch. Otherwise torch is asked.
+    """
+    import re
+
+    version = _torch_source("version.py")
+    if version is not None:
+        builds = {m.group(1): m.group(2).strip() for m in re.finditer(r"^(cuda|hip)\b[^=\n]*=(.*)$", version, re.M)}
+        cuda, hip = builds.get("cuda", "None"), builds.get("hip", "None")
+        if cuda == "None" and hip == "None":
+            return False
+        if hip == "None" and not Path("/proc/driver/nvidia/version").exists():
+            return False
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def build_torchrun_command(

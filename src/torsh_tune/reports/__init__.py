@@ -16,22 +16,66 @@ Example:
     >>> render_summary(build_report_info(analysis), Console(), report_paths=paths)  # doctest: +SKIP
 """
 
-from . import compare, figures
-from ._format import (fmt_bytes, fmt_loss_deviation, fmt_pct, fmt_s, fmt_samples_s, fmt_value, gain_text,
-                      migration_cell)
-from ._info import ALERT_COLUMNS, REPORT_SCHEMA_VERSION, ReportInfo, alert_cells, build_report_info
-from ._html import render_html, write_html
-from ._json import read_json, write_json
-from ._markdown import render_markdown, write_markdown
-from ._patch import patch_to_dotted, patch_to_toml
-from ._schema import REPORT_SCHEMA_PATH, report_schema, report_schema_errors, validate_report
-from ._tables import TABLE_FORMATS, TABLE_KINDS, write_tables
-from ._terminal import SEVERITY_STYLES, render_summary
-from ._tuning import IMPORTANCE_METHOD, TUNING_SCHEMA_VERSION, TuningInfo, get_tuning_info
-from ._tuning_html import render_tuning_html, write_tuning_html
-from ._tuning_markdown import render_tuning_markdown, write_tuning_markdown
-from ._write import REPORT_FORMATS, TUNING_REPORT_FORMATS, write_reports, write_tuning_reports
-from .compare import Comparison, compare_runs, compare_to_dict, regressed, render_compare_markdown, run_compare
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Attributes load their module on first use (PEP 562), as in `analysis`: the CLI's progress line
+# (`_terminal`) must not pay for pandas, plotly and the HTML writers before a run is launched.
+_LAZY = {
+    "compare": None,  # submodules
+    "figures": None,
+    "fmt_bytes": "._format",
+    "fmt_loss_deviation": "._format",
+    "fmt_pct": "._format",
+    "fmt_s": "._format",
+    "fmt_samples_s": "._format",
+    "fmt_value": "._format",
+    "gain_text": "._format",
+    "migration_cell": "._format",
+    "ALERT_COLUMNS": "._info",
+    "REPORT_SCHEMA_VERSION": "._info",
+    "ReportInfo": "._info",
+    "alert_cells": "._info",
+    "build_report_info": "._info",
+    "render_html": "._html",
+    "write_html": "._html",
+    "read_json": "._json",
+    "write_json": "._json",
+    "render_markdown": "._markdown",
+    "write_markdown": "._markdown",
+    "patch_to_dotted": "._patch",
+    "patch_to_toml": "._patch",
+    "REPORT_SCHEMA_PATH": "._schema",
+    "report_schema": "._schema",
+    "report_schema_errors": "._schema",
+    "validate_report": "._schema",
+    "TABLE_FORMATS": "._tables",
+    "TABLE_KINDS": "._tables",
+    "write_tables": "._tables",
+    "SEVERITY_STYLES": "._terminal",
+    "render_summary": "._terminal",
+    "IMPORTANCE_METHOD": "._tuning",
+    "TUNING_SCHEMA_VERSION": "._tuning",
+    "TuningInfo": "._tuning",
+    "get_tuning_info": "._tuning",
+    "render_tuning_html": "._tuning_html",
+    "write_tuning_html": "._tuning_html",
+    "render_tuning_markdown": "._tuning_markdown",
+    "write_tuning_markdown": "._tuning_markdown",
+    "REPORT_FORMATS": "._write",
+    "TUNING_REPORT_FORMATS": "._write",
+    "write_reports": "._write",
+    "write_tuning_reports": "._write",
+    "Comparison": ".compare",
+    "compare_runs": ".compare",
+    "compare_to_dict": ".compare",
+    "regressed": ".compare",
+    "render_compare_markdown": ".compare",
+    "run_compare": ".compare",
+}
+
 
 __all__ = [
     "ALERT_COLUMNS",
@@ -85,3 +129,18 @@ __all__ = [
     "write_tuning_markdown",
     "write_tuning_reports",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _LAZY[name]
+    value = importlib.import_module(f".{name}" if module is None else module, __name__)
+    if module is not None:
+        value = getattr(value, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -86,10 +86,14 @@ LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=30, t=50, b=45), hove
 
 def new_figure(title: str, *, secondary_y: bool = False) -> "go.Figure":
     import plotly.graph_objects as go
+    import plotly.io as pio
     from plotly.subplots import make_subplots
 
     fig = make_subplots(specs=[[{"secondary_y": True}]]) if secondary_y else go.Figure()
-    fig.update_layout(title=dict(text=title, x=0.01), **LAYOUT)
+    # The registry's template object, not its name: a name is looked up and the whole template
+    # validated again for every figure (3x the cost of a figure: ~0.1 s each, 7 per report).
+    layout = {**LAYOUT, "template": pio.templates[LAYOUT["template"]]}
+    fig.update_layout(title=dict(text=title, x=0.01), **layout)
     return fig
 
 
