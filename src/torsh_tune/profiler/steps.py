@@ -443,9 +443,8 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
     exposed = ddp_s + sum(e - s for s, e in blocked)
     for s, e in blocked:
         for phase, p0, p1 in phases:
-            overlap = min(e, p1) - max(s, p0)
-            if overlap > 0:
-                in_phase[phase] += overlap
+            if p1 > s and p0 < e:  # overlaps (a call usually lies in one phase: the others cost two compares)
+                in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
     total = _union(spans)
     if record["step_s"] > 0:
         exposed = min(exposed, record["step_s"])
