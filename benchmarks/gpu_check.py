@@ -12,7 +12,9 @@ Without CUDA it runs what it can (the profiled runs on 2-rank gloo CPU) and says
     .venv/bin/python benchmarks/gpu_check.py            # or: make gpu-check
     python3 benchmarks/gpu_check.py --quick             # fewer steps and pairs
 
-Prints a table and one JSON line; with --out DIR also writes gpu_check.json and keeps the runs there.
+Prints a table and one JSON line; with --out DIR also writes gpu_check.json (after every check, so
+a call cut off at its limit still leaves what it measured) and keeps the runs there. The whole
+check holds to --budget-s (default 540 s): a check that no longer fits is skipped and said so.
 """
 
 from __future__ import annotations
@@ -191,53 +193,81 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class _Budget:
+    """One deadline for the whole check (a lent machine's call ends at 10 minutes, and a killed
+    call prints nothing): each check's timeout is capped by what is left, a check that cannot get
+    `min_s` is skipped and said so, and with --out the JSON is rewritten after every check, so a
+    call that is cut off still leaves what it measured."""
+
+    def __init__(self, seconds: float, result: dict[str, Any], out: Path | None) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.result, self.out = result, out
+
+    def run(self, name: str, check: Any, *, timeout: float, min_s: float = 45.0) -> None:
+        left = self.deadline - time.monotonic()
+        if left < min_s:
+            self.result["skipped"].append(f"{name} (out of time: {max(0.0, left):.0f} s of the budget left)")
+        else:
+            self.result["checks"][name] = check(min(timeout, left))
+        self.save()
+
+    def save(self) -> None:
+        if self.out is not None:
+            (self.out / "gpu_check.json").write_text(json.dumps(self.result, indent=2, default=str))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and overhead pairs")
-    p.add_argument("--out", type=Path, help="keep the runs and write gpu_check.json here")
+    p.add_argument("--out", type=Path, help="keep the runs and write gpu_check.json here (after every check)")
     p.add_argument("--no-tests", action="store_true", help="skip the gpu-marked tests")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="seconds for the whole check (default 540: inside a lent machine's 10-minute call)")
     args = p.parse_args()
     env = _env()
     cuda = env["cuda"]
     steps = 20 if args.quick else 40
-    checks: dict[str, Any] = {}
-    skipped: list[str] = []
     work = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     runs = work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    if cuda and not args.no_tests:
-        checks["gpu-marked tests"] = gpu_tests(timeout=240)
-    elif not cuda:
-        skipped.append("gpu-marked tests (no CUDA)")
+    result: dict[str, Any] = {"benchmark": "gpu_check", "env": env, "checks": {}, "skipped": [],
+                              "date": time.strftime("%Y-%m-%d"), "work_dir": str(work)}
+    budget = _Budget(args.budget_s, result, args.out)
+    skipped = result["skipped"]
+
+    def run(name: str, run_name: str, script: Path, script_args: list[str], *, nproc: int, backend: str,
+            window: str) -> None:
+        budget.run(name, lambda t: profiled(run_name, script, script_args, nproc=nproc, backend=backend, runs=runs,
+                                            steps=steps, window=window, timeout=t), timeout=150)
+
+    # The runs that answer the open questions first (the self-check on CUDA), the tests after them.
     if cuda:
-        checks["ddp, 1 rank, nccl"] = profiled(
-            "ddp-nccl", REPO / "examples" / "ddp_mlp.py", ["--hidden", "2048", "--batch-size", "256", "--steps", "100000",
-                                                           "--log-every", "100000"],
-            nproc=1, backend="nccl", runs=runs, steps=steps, window="20:5", timeout=150)
-        checks["fsdp2 by the script, 1 rank, nccl"] = profiled(
-            "fsdp2-nccl", SCRIPTS / "stack_fsdp2.py", ["--width", "1024", "--batch-size", "128"],
-            nproc=1, backend="nccl", runs=runs, steps=steps, window="20:5", timeout=150)
-        checks["ddp, 2 ranks on 1 gpu, gloo"] = profiled(
-            "ddp-gloo-cuda", REPO / "examples" / "ddp_mlp.py", ["--hidden", "1024", "--steps", "100000", "--log-every", "100000"],
-            nproc=2, backend="gloo", runs=runs, steps=steps, window="15:4", timeout=150)
-        checks["overhead vs bare, 1 rank, nccl"] = overhead(pairs=2 if args.quick else 4, steps=200, nproc=1, hidden=2048,
-                                                            timeout=240)
-        checks["probe cost per step, in process"] = probe_cost(pairs=2 if args.quick else 3, timeout=200)
+        run("ddp, 1 rank, nccl", "ddp-nccl", REPO / "examples" / "ddp_mlp.py",
+            ["--hidden", "2048", "--batch-size", "256", "--steps", "100000", "--log-every", "100000"],
+            nproc=1, backend="nccl", window="20:5")
+        run("fsdp2 by the script, 1 rank, nccl", "fsdp2-nccl",
+            SCRIPTS / "stack_fsdp2.py", ["--width", "1024", "--batch-size", "128"],
+            nproc=1, backend="nccl", window="20:5")
+        run("ddp, 2 ranks on 1 gpu, gloo", "ddp-gloo-cuda", REPO / "examples" / "ddp_mlp.py",
+            ["--hidden", "1024", "--steps", "100000", "--log-every", "100000"], nproc=2, backend="gloo", window="15:4")
+        if not args.no_tests:
+            budget.run("gpu-marked tests", gpu_tests, timeout=240, min_s=90.0)
+        budget.run("overhead vs bare, 1 rank, nccl",
+                   lambda t: overhead(pairs=2 if args.quick else 4, steps=200, nproc=1, hidden=2048, timeout=t),
+                   timeout=240)
+        budget.run("probe cost per step, in process", lambda t: probe_cost(pairs=2 if args.quick else 3, timeout=t),
+                   timeout=200)
     else:
-        skipped += ["NCCL runs (no CUDA)", "2 ranks sharing a GPU over gloo (no CUDA)", "overhead on NCCL (no CUDA)"]
-        checks["ddp, 2 ranks, gloo cpu"] = profiled(
-            "ddp-gloo", REPO / "examples" / "ddp_mlp.py", ["--hidden", "256", "--steps", "100000", "--log-every", "100000"],
-            nproc=2, backend="gloo", runs=runs, steps=steps, window="15:4", timeout=150)
-        checks["fsdp2 by the script, 2 ranks, gloo cpu"] = profiled(
-            "fsdp2-gloo", SCRIPTS / "stack_fsdp2.py", [], nproc=2, backend="gloo", runs=runs, steps=steps,
-            window="15:4", timeout=150)
-    result = {"benchmark": "gpu_check", "env": env, "checks": checks, "skipped": skipped,
-              "date": time.strftime("%Y-%m-%d"), "work_dir": str(work)}
+        skipped += ["gpu-marked tests (no CUDA)", "NCCL runs (no CUDA)", "2 ranks sharing a GPU over gloo (no CUDA)",
+                    "overhead on NCCL (no CUDA)"]
+        run("ddp, 2 ranks, gloo cpu", "ddp-gloo", REPO / "examples" / "ddp_mlp.py",
+            ["--hidden", "256", "--steps", "100000", "--log-every", "100000"], nproc=2, backend="gloo", window="15:4")
+        run("fsdp2 by the script, 2 ranks, gloo cpu", "fsdp2-gloo", SCRIPTS / "stack_fsdp2.py", [], nproc=2, backend="gloo",
+            window="15:4")
     print(_table(result))
     print(json.dumps(result, default=str))
-    if args.out:
-        (args.out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str))
-    bad = [k for k, v in checks.items() if isinstance(v, dict) and v.get("status") != "ok"]
+    budget.save()
+    bad = [k for k, v in result["checks"].items() if isinstance(v, dict) and v.get("status") != "ok"]
     return 1 if bad else 0
 
 
