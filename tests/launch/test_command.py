@@ -158,13 +158,14 @@ def test_cuda_availability_is_torchs_answer_and_needs_no_torch_import_on_a_cpu_h
     assert out[0] == str(torch.cuda.is_available())
     if torch.version.cuda is None and torch.version.hip is None:  # this CPU wheel: said from torch/version.py
         assert out[1] == "False"
-    # What each torch/version.py says, on a host without an NVIDIA driver (torch asked only where it may say yes).
-    monkeypatch.setattr(command.Path, "exists", lambda self: False)
+    # What each torch/version.py says: only a build with neither CUDA nor ROCm is answered without torch.
     asked = []
-    monkeypatch.setitem(sys.modules, "torch", type("T", (), {"cuda": type("C", (), {"is_available": lambda: asked.append(1) or True})}))
+    fake = type("T", (), {"cuda": type("C", (), {"is_available": staticmethod(lambda: asked.append(1) or True)})})
+    monkeypatch.setitem(sys.modules, "torch", fake)
     for text, expected, asks in (("cuda: Optional[str] = None\nhip: Optional[str] = None\n", False, 0),
-                                 ("cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", False, 0),
-                                 ("cuda = None\nhip = '6.2'\n", True, 1)):
+                                 ("cuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n", True, 1),
+                                 ("cuda = None\nhip = '6.2'\n", True, 1),
+                                 ("something else entirely\n", True, 1)):
         monkeypatch.setattr(command, "_torch_source", lambda relpath, text=text: text)
         command.local_cuda_available.cache_clear()
         asked.clear()
