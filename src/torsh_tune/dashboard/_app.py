@@ -93,6 +93,21 @@ border-bottom:1px solid #e5e7eb;font-size:13px;text-align:left} .trace th{backgr
 """
 
 
+def _paused(tick: str) -> list[tuple[Any, bool, bool]]:
+    """`running=` for a callback a `dcc.Interval` drives: the interval pauses while the callback runs.
+
+    Dash's renderer drops the response of a callback whose input changed again before it
+    answered (plotly/dash#1613): a view that takes longer to build than the refresh interval (a
+    large run, a loaded host) would never show at all, every tick superseding the last. Paused,
+    each tick's response lands before the next tick. The renderer turns the interval back on
+    before it applies the callback's own outputs, so a view that stops its interval (a finished
+    run) keeps it stopped.
+    """
+    from dash import Output
+
+    return [(Output(tick, "disabled"), True, False)]
+
+
 def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, refresh_s: float = 2.0) -> Any:
     """Build the dashboard for the runs under `runs_dir` (read-only).
 
@@ -185,6 +200,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
         Output("runs-table", "children"),
         Input("runs-filter", "value"), Input("runs-sort", "value"), Input("runs-order", "value"),
         Input("runs-tick", "n_intervals"),
+        running=_paused("runs-tick"),
     )
     def runs_table(text: str | None, sort: str | None, order: str | None, _n: int | None) -> Any:
         rows = _filter_rows(store.list_runs(), text or "")
@@ -203,6 +219,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
            Output("overview-sig", "data"), Output("overview-tick", "disabled")],
         Input("overview-tick", "n_intervals"),
         State("overview-run", "data"), State("overview-sig", "data"),
+        running=_paused("overview-tick"),
     )
     def overview(_n: int | None, run_id: str, last_sig: str | None) -> Any:
         try:
@@ -223,6 +240,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
     @app.callback(
         Output("tuning-content", "children"), Output("tuning-sig", "data"), Output("tuning-tick", "disabled"),
         Input("tuning-tick", "n_intervals"), State("tuning-run", "data"), State("tuning-sig", "data"),
+        running=_paused("tuning-tick"),
     )
     def tuning(_n: int | None, run_id: str, last_sig: str | None) -> Any:
         try:
@@ -240,6 +258,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
     @app.callback(
         Output("bn-content", "children"), Output("bn-sig", "data"), Output("bn-tick", "disabled"),
         Input("bn-tick", "n_intervals"), State("bn-run", "data"), State("bn-sig", "data"),
+        running=_paused("bn-tick"),
     )
     def bottlenecks(_n: int | None, run_id: str, last_sig: str | None) -> Any:
         try:
@@ -256,6 +275,7 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
     @app.callback(
         Output("tr-content", "children"), Output("tr-sig", "data"), Output("tr-tick", "disabled"),
         Input("tr-tick", "n_intervals"), State("tr-run", "data"), State("tr-sig", "data"),
+        running=_paused("tr-tick"),
     )
     def traces(_n: int | None, ref: Any, last_sig: str | None) -> Any:
         run_id, window = (ref.get("run"), ref.get("window")) if isinstance(ref, dict) else (None, None)
