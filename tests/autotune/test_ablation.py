@@ -134,3 +134,22 @@ def test_the_pairs_stop_once_the_knob_cannot_be_kept(ratios, pairs, settled):
     if settled:  # whatever the remaining pairs measure, the bootstrap's lower bound stays at or below 1
         full = list(ratios) + [1e6] * (pairs - len(ratios))
         assert not paired_stats(full, noise_rel=0.0, rng=np.random.default_rng(1))[3]
+
+
+@pytest.mark.parametrize(("ratios", "noise_rel", "kept"), [
+    ((1.194, 1.662, 1.002), 0.027, False),  # all above 1, median 1.19: a no-op seen on a stalling host
+    ((1.05, 1.06, 1.045), 0.02, True),      # a small effect, every pair beyond the noise
+    ((1.05, 1.06, 1.045), 0.05, False),     # the same effect inside a noisier baseline
+])
+def test_a_knob_is_kept_only_when_the_cis_lower_bound_clears_the_noise(ratios, noise_rel, kept):
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base = space.baseline_params()
+    winner = space.normalize({**base, "dataloader.num_workers": 3})
+
+    def measure(a, b, name, stop):
+        return PairedRuns(ratios=ratios, run_dirs=((name, name),) * len(ratios))
+
+    abl = ablate(winner, base, trial_number=1, space=space, measure=measure, noise_rel=noise_rel,
+                 rng=np.random.default_rng(0))
+    (effect,) = [e for e in abl.effects if e.knob == "dataloader.num_workers"]
+    assert effect.kept is kept, effect.verdict

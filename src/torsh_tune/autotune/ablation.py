@@ -168,8 +168,8 @@ def paired_stats(ratios: Sequence[float], *, noise_rel: float,
 def cannot_be_kept(ratios: Sequence[float], pairs: int) -> bool:
     """Whether the first `ratios` of `pairs` pairs already decide that the knob is dropped.
 
-    A knob is kept only when the bootstrap CI's lower bound of the median ratio is above 1
-    (`paired_stats`). However fast the remaining pairs were, a resample's median is at most 1
+    A knob is kept only when the bootstrap CI's lower bound of the median ratio is above 1 + the
+    baseline's noise (`ablate`), so never when it is at most 1. However fast the remaining pairs were, a resample's median is at most 1
     when more than half of its draws are pairs at or below 1; when such resamples are more than
     5 % of all (twice the 2.5 % the bound cuts: margin for the bootstrap's own noise), the lower
     bound is at most 1. With 3 pairs one pair at or below 1 decides it (26 % of resamples); with

@@ -443,7 +443,7 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
     exposed = ddp_s + sum(e - s for s, e in blocked)
     for s, e in blocked:
         for phase, p0, p1 in phases:
-            if p1 > s and p0 < e:  # overlaps (a call usually lies in one phase: the others cost two compares)
+            if p1 > s and p0 < e and p1 > p0:  # overlaps (a call usually lies in one phase: the others cost compares)
                 in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
     total = _union(spans)
     if record["step_s"] > 0:
