@@ -98,7 +98,9 @@ def test_study_goes_on_past_failed_trials_and_records_why(tmp_path: Path) -> Non
         cpu_count=2, initial_params=[{"ddp.bucket_cap_mb": cap} for cap in planted], on_trial=seen.append,
     )
     assert [t.number for t in seen] == [0, 1, 2, 3]  # the study went on after every failure
-    assert [t.state for t in result.trials] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
+    # A recommendation the baseline enqueued (a noisy host can make one) waits once the budget is spent.
+    assert all(t.role == "recommendation" for t in result.trials[4:] if t.state == "WAITING")
+    assert [t.state for t in result.trials[:4]] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
 
     # The abort after a completed run is a warning: the measurement stands.
     first = result.trials[0]
@@ -123,11 +125,11 @@ def test_study_goes_on_past_failed_trials_and_records_why(tmp_path: Path) -> Non
     assert "MemoryError: injected failure" in tails[2]
     assert "fail_modes: rank 1 kills itself with SIGKILL" in tails[3]
     with open(tmp_path / "trials.csv") as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))[:4]
     assert [r["state"] for r in rows] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
     assert [r["objective_samples_s"] for r in rows[1:]] == ["", "", ""]  # never 0
     assert [r["failure_reason"].split(":")[0] for r in rows[1:]] == ["script_error", "oom", "signal"]
-    for t in result.trials:
+    for t in result.trials[:4]:
         assert run_survivors(_run_info(t.run_dir)["run_id"]) == []
 
 

@@ -54,7 +54,12 @@ def _dominates(a: dict[str, float], b: dict[str, float]) -> bool:
 def test_throughput_and_loss_give_a_pareto_front(multi):
     study_dir, result = multi
     assert result.objectives == OBJECTIVES
-    assert [t.params["compression.method"] for t in result.trials] == ["none", "fp16", "topk"]
+    # A recommendation the baseline's analysis enqueued (a noisy host can make one) stays WAITING once
+    # the trial budget is spent; it shows the parameters it was queued with. The trials that ran are three.
+    waiting = [t for t in result.trials if t.state == "WAITING"]
+    assert all(t.role == "recommendation" and "compression.method" in t.params for t in waiting), waiting
+    ran = [t for t in result.trials if t.state != "WAITING"]
+    assert [t.params["compression.method"] for t in ran] == ["none", "fp16", "topk"]
     complete = {t.number: t for t in result.trials if t.state == "COMPLETE"}
     assert complete, [t.failure_reason for t in result.trials]
     values = {n: {"throughput": t.samples_s, "loss": t.loss_deviation} for n, t in complete.items()}

@@ -161,3 +161,15 @@ def test_samplers_with_missing_dependencies_fail_early(tmp_path):
         else:
             assert make_sampler(name, seed=1) is not None
     assert not (tmp_path / "s").exists()
+
+
+def test_a_waiting_trial_shows_the_parameters_it_was_queued_with():
+    from torsh_tune.autotune.study import _trial_result
+
+    study = optuna.create_study()
+    queued = {"ddp.bucket_cap_mb": 5.0, "compression.method": "none"}
+    study.enqueue_trial(queued, user_attrs={"role": "recommendation"})
+    (waiting,) = study.get_trials(deepcopy=False)
+    assert waiting.state.name == "WAITING" and waiting.params == {}  # Optuna has none until it runs
+    t = _trial_result(waiting)
+    assert t.state == "WAITING" and t.role == "recommendation" and t.params == queued and t.samples_s is None

@@ -813,6 +813,9 @@ def _fail_stale_trials(study) -> None:
 
 def _trial_result(t) -> TrialResult:
     ua = t.user_attrs
+    # A trial that ran has the parameters it was configured with; one still WAITING (enqueued, the
+    # budget spent before it ran) has none yet, so it shows the parameters it was queued with.
+    params = ua.get("config_params") or t.params or t.system_attrs.get("fixed_params") or {}
     complete = t.state.name == "COMPLETE"
     constraints = dict(t.constraints) if complete else {}
     if not complete:
@@ -821,7 +824,7 @@ def _trial_result(t) -> TrialResult:
         status = "feasible" if all(v <= 0 for v in constraints.values()) else "violated"
     return TrialResult(
         number=t.number,
-        params=dict(ua.get("config_params", t.params)),
+        params=dict(params),
         state=t.state.name,
         samples_s=t.values[0] if complete else None,  # throughput is always the first objective
         iqr_samples_s=ua.get("iqr_samples_s"),
