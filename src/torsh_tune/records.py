@@ -59,6 +59,10 @@ class StepRecord:
     host_forward_s: float | None = None
     host_backward_s: float | None = None
     host_optimizer_s: float | None = None
+    # False: DDP's builtin all-reduce of this step was not timed (PyTorch samples its CUDA timers at
+    # iterations 1-10 and every 100th; a run's last step is reported at a forward that never comes):
+    # comm_s and exposed_comm_s are unknown, not 0, and the analysis leaves the step out of them.
+    comm_timed: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

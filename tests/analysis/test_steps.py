@@ -82,3 +82,19 @@ def test_breakdown_is_median_over_steps_of_the_rank_mean():
 def test_empty_steps_give_none():
     assert step_stats(_frame([]).iloc[0:0]) is None
     assert breakdown(_frame([]).iloc[0:0]) is None
+
+
+def test_steps_whose_ddp_all_reduce_went_untimed_are_left_out_of_the_comm_numbers():
+    from torsh_tune.analysis._comm import comm_stats
+
+    # PyTorch samples DDP's CUDA timers: 3 timed steps with 0.3 s of exposed comm, 4 untimed ones that
+    # say 0 (not measured). Counted as 0 they would make the median exposure 0 and the backward compute.
+    timed = [dict(step=s, backward_s=0.5, comm_s=0.4, exposed_comm_s=0.3) for s in range(3)]
+    untimed = [dict(step=s, backward_s=0.5, comm_timed=False) for s in range(3, 7)]
+    df = _frame(timed + untimed)
+    bd = breakdown(df)
+    assert bd.phases_s["exposed_comm"] == pytest.approx(0.3) and bd.phases_s["backward_compute"] == pytest.approx(0.2)
+    stats = comm_stats(df, pd.DataFrame(), world_size=2)
+    assert (stats.comm_s, stats.exposed_comm_s) == (pytest.approx(0.4), pytest.approx(0.3))
+    # With none timed there is nothing better: all records, as before.
+    assert breakdown(_frame(untimed)).phases_s["exposed_comm"] == 0.0

@@ -47,6 +47,9 @@ def test_ddp_on_nccl_records_device_time_beside_the_host_time(tmp_path):
     comm = read_jsonl(run.rank_file(0, "comm"))
     # DDP's builtin all-reduce: PyTorch's own sampled CUDA timers (iterations 1-10, then every 100th).
     assert comm and {(c["issuer"], c["clock"], c["hook"]) for c in comm} == {("ddp", "device", "builtin")}
+    # The steps it did not sample say so: their comm is unknown, and the analysis leaves them out of it.
+    sampled = {c["step"] for c in comm}
+    assert all(s.get("comm_timed", True) is (s["step"] in sampled) for s in steps)
     meta = json.loads(run.rank_file(0, "meta").read_text())
     assert meta["device"] == "cuda" and (meta["nvml"] == "ok" or meta["nvml"].startswith("matched by index"))
 

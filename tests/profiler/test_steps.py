@@ -150,10 +150,12 @@ def test_collectives_are_written_with_their_step_and_late_ones_alone(run, writer
 def test_ddp_timer_steps_wait_for_the_next_step_and_take_the_reducers_record(run, writer):
     calls = []
 
-    def step_comm(step, seq):  # what RankRuntime.ddp_step_comm returns from DDP's timers
+    def step_comm(step, seq, *, read=True):  # what RankRuntime.ddp_step_comm returns from DDP's timers
+        if not read:  # the run's last step: its timers would come at a forward that never runs
+            return [], 0.0, False
         calls.append((step, seq))
         builtin = _comm(10.75 + step, 11.75 + step, issuer="ddp", async_op=True, hook="builtin", step=step, seq=seq)
-        return [builtin], 0.5
+        return [builtin], 0.5, True
 
     tracker = _tracker(writer, warmup_steps=0)
     tracker.step_comm = step_comm
@@ -171,7 +173,11 @@ def test_ddp_timer_steps_wait_for_the_next_step_and_take_the_reducers_record(run
     step0, step1 = _lines(run, writer, "steps")
     assert (step0["comm_s"], step0["exposed_comm_s"], step0["backward_exposed_comm_s"]) == (1.0, 0.25, 0.25)
     assert (step1["comm_s"], step1["exposed_comm_s"]) == (0.0, 0.0) and calls == [(0, 2)]
+    # Its 0 means "not measured": the record says so, the timed one carries nothing extra.
+    assert step1["comm_timed"] is False and "comm_timed" not in step0
     assert [(c["step"], c["seq"], c["hook"]) for c in _lines(run, writer, "comm")] == [(0, 2, "builtin")]
+    for record in (step0, step1):
+        assert_record_schema(record, "steps")
 
 
 # -- exposed communication by kind ---------------------------------------------------------

@@ -221,6 +221,8 @@ def test_ddps_builtin_allreduce_is_one_record_per_step_from_its_timers(installed
                 c["backend"], c["clock"]) == ("all_reduce", "builtin", "ddp", param_bytes, param_bytes, 2, "world",
                                               "gloo", "host")
         assert steps[c["step"]]["comm_s"] == c["duration_s"]
+    # ... and its record says its comm was not measured (0 there is unknown, not none); the others say nothing.
+    assert [s.get("comm_timed", True) for s in steps] == [True] * (STEPS - 1) + [False]
 
 
 def test_dataloaders_run_with_the_runs_overrides(installed):

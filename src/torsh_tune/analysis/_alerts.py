@@ -249,6 +249,8 @@ def _per_step(steps: pd.DataFrame) -> pd.DataFrame:
     step_s = steps["step_s"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         exposed = np.where(step_s > 0, 100.0 * steps["exposed_comm_s"].to_numpy(dtype=float) / step_s, np.nan)
+    if "comm_timed" in steps:  # a step whose DDP all-reduce went untimed: its exposure is unknown, not 0
+        exposed = np.where(steps["comm_timed"].eq(False).to_numpy(), np.nan, exposed)
     df = pd.DataFrame({"step": steps["step"].to_numpy(), "t_start": steps["t_start"].to_numpy(dtype=float),
                        "t_end": steps["t_end"].to_numpy(dtype=float), "step_s": step_s,
                        "warmup": steps["warmup"].to_numpy(dtype=bool), "exposed_pct": exposed})

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..fabric import bus_factor
+from ._steps import comm_timed
 from ._types import CommStats
 
 __all__ = ["aligned_collectives", "bus_factor", "comm_stats"]
@@ -71,8 +72,9 @@ def comm_stats(
     Returns:
         CommStats, or None when the run has neither comm time nor comm records.
     """
-    comm_s = _median_of_mean(steps, "comm_s")
-    exposed_s = _median_of_mean(steps, "exposed_comm_s")
+    timed = comm_timed(steps)  # a step whose DDP all-reduce went untimed says 0 for "not measured"
+    comm_s = _median_of_mean(timed, "comm_s")
+    exposed_s = _median_of_mean(timed, "exposed_comm_s")
     if comm.empty and not comm_s:
         return None
     overlap = 100.0 * (1.0 - exposed_s / comm_s) if comm_s > 0 else None

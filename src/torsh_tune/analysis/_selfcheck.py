@@ -40,7 +40,7 @@ import pandas as pd
 
 from ..config import ThresholdsConfig
 from ..rundir import RunDir
-from ._steps import phase_frame
+from ._steps import comm_timed, phase_frame
 from ._types import SELF_CHECK_METRICS, SelfCheck
 
 __all__ = ["run_self_checks", "self_check", "trace_windows"]
@@ -164,6 +164,17 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
                             f"step(s) {_ranges(missing)}: its always-on numbers leave them out, the trace's "
                             "shares do not")
             compared = [s for s in compared if s not in missing]
+        timed = comm_timed(records)
+        if len(timed) < len(records):
+            untimed = sorted(set(records["step"].tolist()) - set(timed["step"].tolist()))
+            warnings.append(f"self-check of trace window {window}: rank {rank}'s DDP all-reduce was not timed in "
+                            f"step(s) {_ranges(untimed)} (PyTorch samples its timers): its always-on numbers leave them out, "
+                            "the trace's shares do not")
+            records, compared = timed, [s for s in compared if s not in untimed]
+        elif "comm_timed" in records and records["comm_timed"].eq(False).any():
+            warnings.append(f"self-check of trace window {window}: rank {rank}'s DDP all-reduce was not timed in "
+                            "any of its steps (PyTorch samples its timers): the always-on comm shares are not "
+                            "measured there")
         covered += compared
         span_s = float(b["span_s"])
         trace_step_s = (float(np.median([prof[s] for s in compared])) if prof

@@ -7,7 +7,24 @@ import pandas as pd
 
 from ._types import PHASES, Breakdown, StepStats
 
-__all__ = ["breakdown", "measured", "phase_frame", "step_stats"]
+__all__ = ["breakdown", "comm_timed", "measured", "phase_frame", "step_stats"]
+
+
+def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
+    """The records whose communication was measured, where some were and some were not.
+
+    DDP's builtin all-reduce is timed by the reducer's own timers, which PyTorch samples on
+    CUDA (iterations 1-10, then every 100th) and reports at the next forward (a run's last
+    step never): the other records say `comm_timed: false`, and their comm_s and exposed
+    comm (0) mean "not measured", not "none". Records without the field (other stacks, older
+    runs) were timed. When none was timed, all are returned: nothing better is known.
+    """
+    if steps.empty or "comm_timed" not in steps:
+        return steps
+    untimed = steps["comm_timed"].eq(False).to_numpy()
+    if not untimed.any() or untimed.all():
+        return steps
+    return steps[~untimed]
 
 
 def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
@@ -108,6 +125,7 @@ def phase_frame(steps: pd.DataFrame) -> pd.DataFrame:
 def breakdown(steps: pd.DataFrame) -> Breakdown | None:
     """Median over steps of the per-step mean across ranks of each phase.
 
+    Steps whose communication was not timed (`comm_timed`) are left out where others were.
     Percentages are of the median (over steps) of the per-step mean step_s, the same
     aggregation as the phases, so they are comparable.
 
@@ -119,7 +137,8 @@ def breakdown(steps: pd.DataFrame) -> Breakdown | None:
     """
     if steps.empty:
         return None
-    per_step = phase_frame(steps).groupby("step")[["step_s", *PHASES]].mean()
+    # Steps whose DDP all-reduce went untimed would put their exposed comm in the backward's compute.
+    per_step = phase_frame(comm_timed(steps)).groupby("step")[["step_s", *PHASES]].mean()
     medians = per_step.median()
     step_s = float(medians["step_s"])
     phases_s = {p: float(medians[p]) for p in PHASES}

@@ -294,7 +294,7 @@ def step_inputs(run_dir: str | os.PathLike[str]) -> StepInputs:
     Raises:
         ConfigError: the run recorded no measured step or no DDP model.
     """
-    from ..analysis import load_run  # pandas: only when a run is read
+    from ..analysis import comm_timed, load_run  # pandas: only when a run is read
 
     run = load_run(run_dir)
     steps = run.steps
@@ -305,8 +305,9 @@ def step_inputs(run_dir: str | os.PathLike[str]) -> StepInputs:
     meta = next((m for _, m in sorted(run.meta.items()) if m.get("ddp_models")), None)
     if meta is None:
         raise invalid("baseline run", "a DDP run (a recorded DDP model)", str(run_dir))
-    exposed = steps["exposed_comm_s"].fillna(0.0)
-    backward = float((steps["backward_s"] - exposed).clip(lower=0.0).median())
+    timed = comm_timed(steps)  # steps whose DDP all-reduce went untimed would hide their exposure in the backward
+    exposed = timed["exposed_comm_s"].fillna(0.0)
+    backward = float((timed["backward_s"] - exposed).clip(lower=0.0).median())
     other = float((steps["step_s"] - steps["backward_s"]).clip(lower=0.0).median())
     by_step = steps.groupby("step")
     measured = float(by_step["step_s"].max().median())

@@ -52,9 +52,10 @@ class StepTracker:
         # Completed collectives (or device-pending ones) arrive here, also from communication
         # threads; deque appends are atomic.
         self.comm_done: collections.deque[dict[str, Any]] = collections.deque()
-        # (step, seq) -> (step-level CommRecords, exposed comm s) of collectives no hook timed
-        # (DDP's builtin all-reduce, from the reducer's timers: host clock only).
-        self.step_comm: Callable[[int, int], tuple[list[dict[str, Any]], float]] | None = None
+        # (step, seq) -> (step-level CommRecords, exposed comm s, timed) of collectives no hook
+        # timed (DDP's builtin all-reduce, from the reducer's timers); `read=False`: the step's
+        # timers will never be reported (the run's last step).
+        self.step_comm: Callable[..., tuple[list[dict[str, Any]], float, bool]] | None = None
         # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
         self.device_events: DeviceEvents | None = None
         self._start_event: Any = None
@@ -241,11 +242,13 @@ class StepTracker:
 
     def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
         record, comm = entry["record"], entry["comm"]
-        if entry["ddp_timers"] and self.step_comm is not None and not last:
-            untimed, untimed_exposed = self.step_comm(record["step"], self._comm_seq)
+        if entry["ddp_timers"] and self.step_comm is not None:
+            untimed, untimed_exposed, timed = self.step_comm(record["step"], self._comm_seq, read=not last)
             self._comm_seq += len(untimed)
             comm.extend(untimed)
             entry["ddp_exposed"] = untimed_exposed
+            if not timed:  # its comm_s and exposed comm are unknown, not 0 (StepRecord.comm_timed)
+                record["comm_timed"] = False
         loss = entry["loss"]
         if loss is not None:
             try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ...analysis import PHASES, RunFrames, phase_frame
+from ...analysis import PHASES, RunFrames, comm_timed, phase_frame
 from .._format import PHASE_LABELS
 from ._common import DEFAULT_MAX_POINTS, LAYOUT, FloatTuple, downsample, floats, new_figure, no_data
 
@@ -348,7 +348,8 @@ def get_overlap_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINTS)
     steps = frames.steps
     if steps.empty:
         return OverlapInfo(step=(), comm_s=(), exposed_comm_s=(), overlap_pct=(), bucket_size=1)
-    per_step = steps.groupby("step", sort=True)[["comm_s", "exposed_comm_s"]].mean()
+    # Steps whose DDP all-reduce went untimed (PyTorch samples its CUDA timers) are gaps, not zeros.
+    per_step = comm_timed(steps).groupby("step", sort=True)[["comm_s", "exposed_comm_s"]].mean()
     n = len(per_step)
     size = max(1, math.ceil(n / max(1, max_points)))
     means = per_step.groupby(np.arange(n) // size).mean()
