@@ -163,15 +163,7 @@ def run(workload: str, size: int, steps: int, warmup: int, *, probes: bool = Tru
     rt = None
     if probes:
         instrument_before_install()
-        from torsh_tune.config import RunConfig, dist_env
-        from torsh_tune.rundir import RunDir
-        from torsh_tune.runtime import patches
-        from torsh_tune.runtime.context import RankRuntime
-
-        rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"), env=dist_env())
-        patches.install(rt)
-        instrument_after_install()
-        rt.start()
+        rt = probe_cost.install_probes(Path(tempfile.mkdtemp()) / "run", between=instrument_after_install)
     if workload == "fsdp2":
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -255,16 +247,13 @@ def micro() -> None:
     import torch.distributed as dist
     import torch.nn as nn
 
-    from torsh_tune.config import RunConfig, dist_env
     from torsh_tune.profiler import collectives as cap
-    from torsh_tune.rundir import RunDir
-    from torsh_tune.runtime import patches
-    from torsh_tune.runtime.context import RankRuntime
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import probe_cost
 
     torch.set_num_threads(1)
-    rt = RankRuntime(RunConfig(), RunDir(Path(tempfile.mkdtemp()) / "run"), env=dist_env())
-    patches.install(rt)
-    rt.start()
+    rt = probe_cost.install_probes(Path(tempfile.mkdtemp()) / "run")
     dist.init_process_group("gloo")
 
     def ab(name: str, fa: Callable, fb: Callable, n: int = 300, blocks: int = 20) -> None:

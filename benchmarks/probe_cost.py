@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 TARGET_STEP_US = 60.0
 TARGET_COLLECTIVE_US = 5.0
@@ -196,7 +196,24 @@ def _count_collectives(step: Any, batches: Any, steps: int) -> tuple[float, dict
     return sum(counts.values()) / steps, {k: v // steps for k, v in counts.items()}
 
 
-def child(workload: str, size: int, arm: str, warmup: int, out: Path) -> None:
+def install_probes(run: Path, *, between: Callable[[], None] | None = None, profiler: dict | None = None) -> Any:
+    """Every torsh-tune probe, installed as the bootstrap installs them, on this world-size-1 rank
+    (its RankRuntime, started; `between` runs after the patches and before the start; `profiler`:
+    `[profiler]` settings other than the defaults)."""
+    from torsh_tune.config import RunConfig, dist_env
+    from torsh_tune.rundir import RunDir
+    from torsh_tune.runtime import patches
+    from torsh_tune.runtime.context import RankRuntime
+
+    rt = RankRuntime(RunConfig.from_dict({"profiler": profiler or {}}), RunDir(run), env=dist_env())
+    patches.install(rt)
+    if between is not None:
+        between()
+    rt.start()
+    return rt
+
+
+def child(workload: str, size: int, arm: str, warmup: int, out: Path, profiler: dict | None = None) -> None:
     """Set up, run `warmup` steps, then serve blocks of timed steps: stdin `run K` -> one JSON line."""
     proto = os.fdopen(os.dup(1), "w")  # the protocol's own stdout; prints go to stderr
     os.dup2(2, 1)
@@ -206,17 +223,7 @@ def child(workload: str, size: int, arm: str, warmup: int, out: Path) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    rt = None
-    if arm == "torsh":
-        from torsh_tune.config import RunConfig, dist_env
-        from torsh_tune.rundir import RunDir
-        from torsh_tune.runtime import patches
-        from torsh_tune.runtime.context import RankRuntime
-
-        run = RunDir(out.parent / "run")
-        rt = RankRuntime(RunConfig(), run, env=dist_env())
-        patches.install(rt)
-        rt.start()
+    rt = install_probes(out.parent / "run", profiler=profiler) if arm == "torsh" else None
     if workload == "fsdp2":
         # FSDP2 skips its collectives at world size 1; a fake process group of 2 ranks in this one
         # process goes through all of torch.distributed's Python layer (where the capture sits)
@@ -280,11 +287,15 @@ def _recorded(run: Path, steps: int, skip: int) -> dict[str, Any]:
     """What arm B's run directory holds for the timed steps (skip .. steps-2; the last may be held back)."""
     step_recs, comm = _read_records(run)
     per_step = collections.Counter(c["step"] for c in comm)
-    timed = range(skip, steps - 1)
+    # DDP's timers are read every profiler.ddp_timers_every-th step past the first ones: the others
+    # say comm_timed: false and hold no builtin record.
+    untimed = {s["step"] for s in step_recs if s.get("comm_timed") is False}
+    timed = [s for s in range(skip, steps - 1) if s not in untimed]
     counts = [per_step.get(s, 0) for s in timed]
-    ops = collections.Counter((c["collective"], c.get("issuer"), c.get("hook")) for c in comm if c["step"] in timed)
+    timed_set = set(timed)
+    ops = collections.Counter((c["collective"], c.get("issuer"), c.get("hook")) for c in comm if c["step"] in timed_set)
     return {
-        "step_records": len(step_recs),
+        "step_records": len(step_recs), "timed_steps": len(timed),
         "per_step_min": min(counts), "per_step_max": max(counts),
         "ops_per_step": {f"{op} ({issuer}{', ' + hook if hook else ''})": round(v / len(timed), 2)
                          for (op, issuer, hook), v in sorted(ops.items(), key=str)},
@@ -306,14 +317,14 @@ def _steps_of(workload: str, args: argparse.Namespace) -> tuple[int, int]:
 class _Arm:
     """One arm's child process, serving blocks of timed steps."""
 
-    def __init__(self, arm: str, job: tuple[str, int], warmup: int, work: Path, port: int) -> None:
+    def __init__(self, arm: str, job: tuple[str, int], warmup: int, work: Path, port: int, profiler: str) -> None:
         self.arm = arm
         self.out = work / f"{job[0]}{job[1]}-{arm}" / "result.json"
         self.out.parent.mkdir(parents=True)
         self.stderr = open(self.out.parent / "stderr.txt", "w+")  # noqa: SIM115 - closed in close()
         env = dict(os.environ, PORT=str(port), OMP_NUM_THREADS="1")
         cmd = [sys.executable, __file__, "--child", arm, "--child-workload", job[0], "--child-size", str(job[1]),
-               "--skip", str(warmup), "--out", str(self.out)]
+               "--skip", str(warmup), "--out", str(self.out), "--profiler", profiler]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                      text=True)
         self.wall: list[float] = []
@@ -357,8 +368,8 @@ def run_pair(job: tuple[str, int], args: argparse.Namespace, work: Path, i: int)
     per_block = max(1, steps // args.blocks)
     run_pair.port = getattr(run_pair, "port", 0) + 2  # type: ignore[attr-defined]
     port = 29600 + run_pair.port % 400  # type: ignore[attr-defined]
-    arms = {"bare": _Arm("bare", job, warmup, work / str(i), port),
-            "torsh": _Arm("torsh", job, warmup, work / str(i), port + 1)}
+    arms = {"bare": _Arm("bare", job, warmup, work / str(i), port, "{}"),
+            "torsh": _Arm("torsh", job, warmup, work / str(i), port + 1, args.profiler)}
     for a in arms.values():
         a.ready()
     block_deltas: dict[str, list[float]] = {m: [] for m in METRICS}
@@ -501,9 +512,11 @@ def main() -> None:
     p.add_argument("--child-workload", choices=WORKLOADS, default="ddp")
     p.add_argument("--child-size", type=int, default=3)
     p.add_argument("--out", type=Path)
+    p.add_argument("--profiler", default="{}",
+                   help='arm B\'s [profiler] settings as JSON, e.g. \'{"ddp_timers_every": 1}\' (default: the defaults)')
     args = p.parse_args()
     if args.child:
-        child(args.child_workload, args.child_size, args.child, args.skip, args.out)
+        child(args.child_workload, args.child_size, args.child, args.skip, args.out, json.loads(args.profiler))
         return
     workloads = WORKLOADS if args.workload == "all" else (args.workload,)
     for w in workloads:
@@ -537,6 +550,7 @@ def main() -> None:
 
     summary: dict[str, Any] = {
         "benchmark": "probe_cost",
+        "profiler": json.loads(args.profiler),
         "pairs": args.pairs,
         "steps": args.steps,
         "fsdp2_steps": args.fsdp2_steps,

@@ -244,3 +244,10 @@ def test_dist_env_rejects_each_bad_variable_in_one_line(env, message):
 def test_dist_env_rejects_more_ranks_per_node_than_in_the_job():
     with pytest.raises(ConfigError, match="^environment variable LOCAL_WORLD_SIZE must be "):
         dist_env({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"})
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
+def test_ddp_timers_every_is_a_positive_integer(value):
+    with pytest.raises(ConfigError, match=r"^profiler.ddp_timers_every must be an integer"):
+        RunConfig.from_dict({"profiler": {"ddp_timers_every": value}}).validate()
+    assert RunConfig.from_dict({"profiler": {"ddp_timers_every": 1}}).validate().profiler.ddp_timers_every == 1

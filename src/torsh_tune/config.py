@@ -119,6 +119,14 @@ class ProfilerConfig:
         "iterations DDP samples, 1-10 then every 100th); a Python hook (the script's or compression) is always "
         "captured per bucket.",
     )
+    ddp_timers_every: int = _f(
+        4,
+        "On CPU, read DDP's all-reduce timers (one record per step from the reducer) in every step of the "
+        "warm-up, the first 20 measured steps and every trace window, then every k-th step; a step not read "
+        "says comm_timed: false and the analysis leaves it out of its communication numbers. Reading costs "
+        "~70-100 us per step on a 2-core host (benchmarks/_probe_ablation.py); 1: every step. On CUDA "
+        "PyTorch's own sampling of its timers applies.",
+    )
     trace_window: str | None = _f(
         None, "Deep-trace steps START:LEN with torch.profiler, e.g. '20:5' traces steps 20-24 (0-based, as in step records)."
     )
@@ -558,6 +566,9 @@ class RunConfig:
             raise invalid("budget.kill_grace_s", "a number >= 0", bu.kill_grace_s)
         if pr.loss_every < 1:
             raise invalid("profiler.loss_every", "an integer >= 1", pr.loss_every)
+        if isinstance(pr.ddp_timers_every, bool) or not isinstance(pr.ddp_timers_every, int) \
+                or pr.ddp_timers_every < 1:
+            raise invalid("profiler.ddp_timers_every", "an integer >= 1", pr.ddp_timers_every)
         for name in ("system_interval_s", "flush_interval_s"):
             if getattr(pr, name) <= 0:
                 raise invalid(f"profiler.{name}", "a number > 0", getattr(pr, name))

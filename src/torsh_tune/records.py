@@ -60,7 +60,8 @@ class StepRecord:
     host_backward_s: float | None = None
     host_optimizer_s: float | None = None
     # False: DDP's builtin all-reduce of this step was not timed (PyTorch samples its CUDA timers at
-    # iterations 1-10 and every 100th; a run's last step is reported at a forward that never comes):
+    # iterations 1-10 and every 100th; on CPU `profiler.ddp_timers_every` picks the steps read; a
+    # run's last step is reported at a forward that never comes):
     # comm_s and exposed_comm_s are unknown, not 0, and the analysis leaves the step out of them.
     comm_timed: bool = True
 

@@ -333,3 +333,29 @@ def test_a_step_whose_events_cannot_be_read_stays_on_the_host_clock(run, writer)
     assert tracker.device_errors == ["step 0: event recorded on another device"]
     (written,) = _lines(run, writer, "comm")
     assert written["seq"] == comm["seq"] and "duration_s" not in written and "_start" not in written
+
+
+def test_ddp_timers_are_read_in_the_warmup_the_first_measured_steps_and_windows_then_every_kth(run, writer):
+    from torsh_tune.profiler.steps import DETAILED_STEPS
+
+    reads = []
+
+    def step_comm(step, seq, *, read=True):
+        if read:
+            reads.append(step)
+        return [], 0.0, read
+
+    tracker = _tracker(writer, warmup_steps=2)
+    tracker.step_comm, tracker.ddp_timers_every = step_comm, 4
+    window = range(31, 34)  # a trace window over steps 31-33: the self-check compares every one of them
+    tracker.in_window = lambda: tracker.step in window
+    n = 2 + DETAILED_STEPS + 20
+    for i in range(n):
+        tracker.on_forward(10.0 + i, 10.5 + i, 2)
+        tracker.on_optimizer(10.5 + i, 11.0 + i)
+        tracker.end_step(11.0 + i)
+    tracker.flush_pending()
+    detailed = list(range(2 + DETAILED_STEPS))
+    assert reads == detailed + [24, 28, 31, 32, 33, 36, 40]  # the last step (41) is never read
+    steps = _lines(run, writer, "steps")
+    assert [s["step"] for s in steps if s.get("comm_timed", True)] == reads

@@ -27,6 +27,7 @@ from .writer import RecordWriter
 __all__ = ["StepTracker"]
 
 _PHASES = ("forward", "backward", "optimizer")
+DETAILED_STEPS = 20  # measured steps whose DDP timers are always read (profiler.ddp_timers_every)
 
 
 class StepTracker:
@@ -56,6 +57,10 @@ class StepTracker:
         # timed (DDP's builtin all-reduce, from the reducer's timers); `read=False`: the step's
         # timers will never be reported (the run's last step).
         self.step_comm: Callable[..., tuple[list[dict[str, Any]], float, bool]] | None = None
+        # Which steps' DDP timers are read (`profiler.ddp_timers_every`): every step of the warm-up,
+        # the first DETAILED_STEPS measured ones and every trace window (`in_window`), then every k-th.
+        self.ddp_timers_every = 1
+        self.in_window: Callable[[], bool] | None = None
         # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
         self.device_events: DeviceEvents | None = None
         self._start_event: Any = None
@@ -178,7 +183,7 @@ class StepTracker:
             "clock": "host",
         }
         entry: dict[str, Any] = {"record": record, "comm": [], "loss": loss, "marks": self._marks,
-                                 "ddp_timers": self.step_comm is not None}
+                                 "ddp_timers": self.step_comm is not None, "read_timers": self._reads_timers()}
         if self.device_events is not None and self._start_event is not None:
             end_event = self.device_events.record()
             entry["events"] = (self._start_event, end_event)
@@ -192,6 +197,12 @@ class StepTracker:
         self._t_start = t_end
         self._reset()
         return self.step
+
+    def _reads_timers(self) -> bool:
+        """Whether this step's DDP timers are read (when its record is written)."""
+        k, step = self.ddp_timers_every, self.step
+        return (k == 1 or step % k == 0 or step < self._warmup + DETAILED_STEPS
+                or (self.in_window is not None and self.in_window()))
 
     def _collect_comm(self) -> None:
         """Hand the collectives that arrived to their steps' entries (late ones are written alone)."""
@@ -243,7 +254,8 @@ class StepTracker:
     def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
         record, comm = entry["record"], entry["comm"]
         if entry["ddp_timers"] and self.step_comm is not None:
-            untimed, untimed_exposed, timed = self.step_comm(record["step"], self._comm_seq, read=not last)
+            read = not last and entry["read_timers"]
+            untimed, untimed_exposed, timed = self.step_comm(record["step"], self._comm_seq, read=read)
             self._comm_seq += len(untimed)
             comm.extend(untimed)
             entry["ddp_exposed"] = untimed_exposed

@@ -64,6 +64,7 @@ class RankRuntime:
         self.ddp_models: list[Any] = []
         self.collectives: Any = None  # the c10d capture (profiler.collectives), installed with the patches
         self.tracker.step_comm = self.ddp_step_comm
+        self.tracker.ddp_timers_every = config.profiler.ddp_timers_every
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -91,6 +92,8 @@ class RankRuntime:
                 # Export runs between two steps; the next step record starts after it.
                 restart_step_clock=self.tracker.restart_clock,
             )
+            traces = self.traces
+            self.tracker.in_window = lambda: traces.recording  # a traced step's timers are read: the self-check
 
     @property
     def cuda(self) -> bool:
@@ -122,6 +125,7 @@ class RankRuntime:
             return
         self.on_cuda = True
         self.meta["device"] = "cuda"
+        self.tracker.ddp_timers_every = 1  # PyTorch samples its CUDA timers itself
         if self.writer is None:
             return
         self.tracker.use_device_clock(self._cuda_peak)
@@ -294,8 +298,9 @@ class RankRuntime:
         (sampled every iteration on CPU) say when the step's communication started (first
         bucket ready) and ended, and when backward compute ended. On CUDA PyTorch samples them
         (iterations 1-10, then every 100th), and a step's timers are reported at the next
-        forward: a step that is not sampled, and a run's last step (`read=False`), are not
-        timed. Returns (records, exposed comm s, whether every such model's comm was timed).
+        forward: a step that is not sampled is not timed, nor one whose timers are not read
+        (`read=False`: a run's last step, and on CPU the steps `profiler.ddp_timers_every`
+        skips). Returns (records, exposed comm s, whether every such model's comm was timed).
         """
         records, exposed = [], 0.0
         builtin = [(m, info) for m, info in zip(self.ddp_models, self.meta.get("ddp_models", []))
