@@ -192,6 +192,21 @@ def test_a_gpu_trace_is_device_time_and_leaves_the_cut_off_last_step_out():
     assert row["trace_compute_pct"] == pytest.approx(trace.breakdown.set_index("rank").loc[0, "compute_pct"])
 
 
+def test_steps_whose_ddp_all_reduce_went_untimed_are_left_out_of_the_always_on_side():
+    # The trace's ProfilerSteps are 2 and 3; step 3 says comm_timed: false (0 comm: not measured).
+    # Counted, it would halve the always-on comm share; it is left out, and said.
+    trace = analyze_traces(DATA / "traces" / "gloo-ddp-2rank")
+    base = {"step_s": 0.6, "data_s": 0.0, "forward_s": 0.1, "backward_s": 0.3, "optimizer_s": 0.05, "clock": "host"}
+    steps = pd.DataFrame([{"rank": r, "step": 2, "comm_s": 0.2, "exposed_comm_s": 0.1, **base} for r in (0, 1)]
+                         + [{"rank": r, "step": 3, "comm_s": 0.0, "exposed_comm_s": 0.0, "comm_timed": False, **base}
+                            for r in (0, 1)])
+    warnings: list[str] = []
+    check = self_check(steps, trace, window="w", window_steps=(2, 3), threshold_pp=10.0, warnings=warnings)
+    row = _by_rank(check)[0]
+    assert row["num_steps"] == 1 and row["always_on_comm_pct"] == pytest.approx(100 * 0.2 / 0.6)
+    assert "self-check of trace window w: rank 0's DDP all-reduce was not timed in step(s) 3" in warnings[0]
+
+
 def test_ranks_without_step_records_are_said():
     trace = analyze_traces(DATA / "traces" / "gloo-ddp-2rank")
     steps = load_run(DATA / RUN).steps  # steps 0-22 of another run: the trace's ProfilerSteps are 2, 3
