@@ -61,6 +61,9 @@ class StepTracker:
         # the first DETAILED_STEPS measured ones and every trace window (`in_window`), then every k-th.
         self.ddp_timers_every = 1
         self.in_window: Callable[[], bool] | None = None
+        # DDP's iteration (1-based sync forwards) minus the step (RankRuntime.ddp_step_comm learns it):
+        # past the detailed steps DDP collects its timers at iterations that are multiples of k.
+        self.ddp_offset = 1
         # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
         self.device_events: DeviceEvents | None = None
         self._start_event: Any = None
@@ -198,11 +201,14 @@ class StepTracker:
         self._reset()
         return self.step
 
+    def detailed(self, step: int) -> bool:
+        """Whether `step` (the current one, or the next after a step boundary) has every DDP timer read."""
+        return step < self._warmup + DETAILED_STEPS or (self.in_window is not None and self.in_window())
+
     def _reads_timers(self) -> bool:
         """Whether this step's DDP timers are read (when its record is written)."""
         k, step = self.ddp_timers_every, self.step
-        return (k == 1 or step % k == 0 or step < self._warmup + DETAILED_STEPS
-                or (self.in_window is not None and self.in_window()))
+        return k == 1 or (step + self.ddp_offset) % k == 0 or self.detailed(step)
 
     def _collect_comm(self) -> None:
         """Hand the collectives that arrived to their steps' entries (late ones are written alone)."""

@@ -65,6 +65,7 @@ class RankRuntime:
         self.collectives: Any = None  # the c10d capture (profiler.collectives), installed with the patches
         self.tracker.step_comm = self.ddp_step_comm
         self.tracker.ddp_timers_every = config.profiler.ddp_timers_every
+        self._ddp_rate, self._detailed = 1, True  # DDP's runtime-stats sample rate set on the builtin models
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -317,11 +318,13 @@ class RankRuntime:
                 timed = False  # no timer on this device (yet)
                 continue
             if getattr(model, "_torsh_last_comm", None) == (start, end):
-                # On CPU (sampled every iteration) no all-reduce ran (a no_sync micro-batch): timed, none.
-                # On CUDA the iteration was not one PyTorch sampled: not timed.
-                timed = timed and not self.on_cuda
+                # Sampled every iteration (CPU, ddp_timers_every 1): no all-reduce ran (a no_sync micro-batch):
+                # timed, none. Sampled (CUDA, or CPU past the detailed steps): an iteration DDP did not collect.
+                timed = timed and not (self.on_cuda or self.tracker.ddp_timers_every > 1)
                 continue
             model._torsh_last_comm = (start, end)
+            if model is builtin[0][0] and data.get("iteration"):
+                self.tracker.ddp_offset = int(data["iteration"]) - step
             t_issue, t_complete = start / 1e9, end / 1e9
             compute_end = data.get("backward_compute_time_end")
             if compute_end:
@@ -339,6 +342,28 @@ class RankRuntime:
                 "grad_bytes": nbytes, "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
             })
         return records, max(0.0, exposed), timed
+
+    def ddp_sample_rate_for(self, done: int) -> None:
+        """At a step boundary (`done` steps completed), DDP's sample rate for the next forward (CPU).
+
+        DDP collects its timers at iteration n when n % rate == 0 (past its first 10) and reports
+        them at the next forward under the rate then in force. Around the detailed steps (the
+        warm-up, the first measured ones, trace windows) the rate is 1, from the forward before
+        them to the one after; elsewhere `profiler.ddp_timers_every`, and the steps read are
+        the iterations that rate collects (`StepTracker.ddp_offset`): DDP's runtime stats at
+        every iteration cost ~25-50 µs per step on a 2-core host.
+        """
+        k = self.tracker.ddp_timers_every
+        if k == 1 or self.on_cuda:
+            return
+        detailed = self.tracker.detailed(done)
+        want = 1 if detailed or self._detailed else k
+        self._detailed = detailed
+        if want != self._ddp_rate:
+            self._ddp_rate = want
+            for model in self.ddp_models:
+                if getattr(model, "_torsh_timed_hook", None) is None:
+                    model._set_ddp_runtime_logging_sample_rate(want)
 
     # -- forward hooks (hot path) ------------------------------------------------------
     # Invisible to torch.compile: under Dynamo (a compiled DDP forward runs DDP's hooks inside

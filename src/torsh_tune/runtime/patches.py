@@ -449,6 +449,8 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         rt.steps_done = done
         if traces is not None:
             traces.on_step_end(done, t1)
+        if rt.ddp_models and profiled:
+            rt.ddp_sample_rate_for(done)
         if rt.budget_total is not None and done >= rt.budget_total:  # the warm-up may grow it (on_loader_started)
             raise StepBudgetReached(done)
 
