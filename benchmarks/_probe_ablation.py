@@ -8,8 +8,8 @@ off (its original restored, or its hooks taken out of torch's hook dicts), the o
 and the groups rotating. A group's cost is the median over rounds of (all on - that group off)
 per-step medians, with the IQR. Nothing in src/ is changed.
 
-Groups (DDP workload, CPU): `ddp-rate` (DDP's runtime stats at sample rate 1, which its timers
-need: PyTorch's own C++ work), `ddp-read` (reading those timers into the step's record),
+Groups (DDP workload, CPU): `ddp-rate` (DDP's runtime stats at the sample rate the profiler
+sets, against PyTorch's default of 100: its own C++ work), `ddp-read` (reading those timers into the step's record),
 `forward` (the forward pre/post hooks), `backward` (the autograd.backward wrapper), `data` (the
 DataLoader __next__ wrapper), `end_step` (the step record: finalize, comm accounting, peak
 memory; the optimizer hooks stay), `optimizer` (the optimizer pre/post hooks with end_step),
@@ -99,7 +99,8 @@ def main() -> None:
 
     def switch(group: str | None, on: bool) -> None:
         if group == "ddp-rate":
-            ddp._set_ddp_runtime_logging_sample_rate(1 if on else 100)
+            # on: the rate the profiler keeps (rt._ddp_rate: 1, or ddp_timers_every past the detailed steps)
+            ddp._set_ddp_runtime_logging_sample_rate(rt._ddp_rate if on else 100)
         elif group == "ddp-read":
             tracker.step_comm = step_comm if on else (lambda step, seq, read=True: ([], 0.0, True))
         elif group == "forward":

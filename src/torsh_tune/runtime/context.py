@@ -308,8 +308,11 @@ class RankRuntime:
                    if getattr(m, "_torsh_timed_hook", None) is None]
         if not builtin:
             return records, exposed, True
-        if not read or (self.on_cuda and not (step < 12 or step % 100 < 3)):
-            return records, exposed, False  # DDP samples its CUDA timers at iterations 1-10 and every 100th only
+        # On CUDA DDP collects its timers at iterations 1-10 and every 100th (its default rate), and the
+        # step's iteration is step + offset (1 unless the script ran other synchronizing forwards).
+        n = step + self.tracker.ddp_offset
+        if not read or (self.on_cuda and not (n <= 12 or n % 100 <= 2)):
+            return records, exposed, False
         timed = True
         for model, info in builtin:
             data = _ddp_timers(model)
