@@ -513,7 +513,8 @@ def main() -> None:
     p.add_argument("--child-size", type=int, default=3)
     p.add_argument("--out", type=Path)
     p.add_argument("--profiler", default="{}",
-                   help='arm B\'s [profiler] settings as JSON, e.g. \'{"ddp_timers_every": 1}\' (default: the defaults)')
+                   help='arm B\'s [profiler] settings as JSON, e.g. \'{"ddp_timers_every": 1}\' '
+                        '(default: the defaults)')
     args = p.parse_args()
     if args.child:
         child(args.child_workload, args.child_size, args.child, args.skip, args.out, json.loads(args.profiler))

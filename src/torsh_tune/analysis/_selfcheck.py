@@ -168,8 +168,8 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         if len(timed) < len(records):
             untimed = sorted(set(records["step"].tolist()) - set(timed["step"].tolist()))
             warnings.append(f"self-check of trace window {window}: rank {rank}'s DDP all-reduce was not timed in "
-                            f"step(s) {_ranges(untimed)} (its timers are sampled): its always-on numbers leave them out, "
-                            "the trace's shares do not")
+                            f"step(s) {_ranges(untimed)} (its timers are sampled): its always-on numbers leave "
+                            "them out, the trace's shares do not")
             records, compared = timed, [s for s in compared if s not in untimed]
         elif "comm_timed" in records and records["comm_timed"].eq(False).any():
             warnings.append(f"self-check of trace window {window}: rank {rank}'s DDP all-reduce was not timed in "

@@ -17,8 +17,9 @@ def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
     CUDA (iterations 1-10, then every 100th), which the profiler reads on CPU in the steps
     `profiler.ddp_timers_every` picks, and which are reported at the next forward (a run's
     last step never): the other records say `comm_timed: false`, and their comm_s and
-    exposed comm (0) mean "not measured", not "none". Records without the field (other stacks, older
-    runs) were timed. When none was timed, all are returned: nothing better is known.
+    exposed comm (0) mean "not measured", not "none". Records without the field (other
+    stacks, older runs) were timed. When none was timed, all are returned: nothing better
+    is known.
     """
     if steps.empty or "comm_timed" not in steps:
         return steps
