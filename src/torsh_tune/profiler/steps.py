@@ -55,7 +55,7 @@ class StepTracker:
         self.comm_done: collections.deque[dict[str, Any]] = collections.deque()
         # (step, seq) -> (step-level CommRecords, exposed comm s, timed) of collectives no hook
         # timed (DDP's builtin all-reduce, from the reducer's timers); `read=False`: the step's
-        # timers will never be reported (the run's last step).
+        # timers are not read (the run's last step, or a step `ddp_timers_every` skips).
         self.step_comm: Callable[..., tuple[list[dict[str, Any]], float, bool]] | None = None
         # Which steps' DDP timers are read (`profiler.ddp_timers_every`): every step of the warm-up,
         # the first DETAILED_STEPS measured ones and every trace window (`in_window`), then every k-th.
