@@ -391,9 +391,24 @@ class _Session:
             watch.finish()  # every index, so later trials are compared at any step
         return run
 
+    def _launch_pair(self, a_config: RunConfig, b_config: RunConfig, where: str, name: str, *,
+                     b_first: bool) -> tuple[MeasuredRun, MeasuredRun]:
+        """A and B of one pair, B first when `b_first`; after an interrupted first run, it stands for both."""
+        order = (("B", b_config), ("A", a_config)) if b_first else (("A", a_config), ("B", b_config))
+        runs: dict[str, MeasuredRun] = {}
+        for label, config in order:
+            prev = next(iter(runs.values()), None)
+            if prev is not None and prev.status == "interrupted":
+                runs[label] = prev
+                continue
+            runs[label] = self.launch(config, where, f"{name}-{label}")
+            if self.on_run:
+                self.on_run(f"{where}-{label}", runs[label])
+        return runs["A"], runs["B"]
+
     def paired(self, a_config: RunConfig, b_config: RunConfig, where: str, name: str, pairs: int,
                stop: Callable[[Sequence[float], int], bool] | None = None) -> PairedRuns:
-        """A and B interleaved (A B A B ...): B / A throughput per pair (A is the baseline side).
+        """A and B interleaved (A B, B A, A B ...): B / A throughput per pair (A is the baseline side).
 
         `stop(ratios, pairs)` ends the pairs early once the measured ones decide the verdict.
         """
@@ -401,12 +416,10 @@ class _Session:
         for i in range(pairs):
             if stop is not None and stop(ratios, pairs):
                 break
-            a = self.launch(a_config, where, f"{name}-{i}-A")
-            if self.on_run:
-                self.on_run(f"{where}-A", a)
-            b = self.launch(b_config, where, f"{name}-{i}-B") if a.status != "interrupted" else a
-            if self.on_run and b is not a:
-                self.on_run(f"{where}-B", b)
+            # The order alternates (A then B, then B then A): a host that drifts within a pair (page
+            # cache, clocks, a neighbour's load) would otherwise bias every ratio the same way, which
+            # no CI over the pairs can see (an ablation once kept fp16 at 1.050, 1.059, 1.061).
+            a, b = self._launch_pair(a_config, b_config, where, f"{name}-{i}", b_first=i % 2 == 1)
             dirs.append((a.run_dir, b.run_dir))
             if "interrupted" in (a.status, b.status):
                 return PairedRuns(ratios=tuple(ratios), run_dirs=tuple(dirs), failures=tuple(failures),
