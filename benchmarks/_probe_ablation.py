@@ -13,7 +13,8 @@ sets, against PyTorch's default of 100: its own C++ work), `ddp-read` (reading t
 `forward` (the forward pre/post hooks), `backward` (the autograd.backward wrapper), `data` (the
 DataLoader __next__ wrapper), `end_step` (the step record: finalize, comm accounting, peak
 memory; the optimizer hooks stay), `optimizer` (the optimizer pre/post hooks with end_step),
-`peak` (the peak-memory read of each step record: getrusage on CPU, the allocator's stats on CUDA).
+`peak` (the peak-memory read of each step record: getrusage on CPU, the allocator's stats on CUDA),
+`all` (every group at once: the whole in-process cost, to set beside probe_cost.py's cross-process one).
 
     .venv/bin/python benchmarks/_probe_ablation.py --blocks 30 --steps 100
     python3 benchmarks/_probe_ablation.py --device cuda     # one NCCL rank, cuda_probe_cost.py's model
@@ -41,7 +42,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-GROUPS = ("ddp-rate", "ddp-read", "forward", "backward", "data", "end_step", "optimizer", "peak")
+GROUPS = ("ddp-rate", "ddp-read", "forward", "backward", "data", "end_step", "optimizer", "peak", "all")
 
 
 def _closure(fn: Callable, name: str) -> Any:
@@ -98,7 +99,11 @@ def main() -> None:
         return tracker.step
 
     def switch(group: str | None, on: bool) -> None:
-        if group == "ddp-rate":
+        if group == "all":
+            for g in GROUPS[:-1]:
+                if not (cuda and g == "ddp-rate"):
+                    switch(g, on)
+        elif group == "ddp-rate":
             # on: the rate the profiler keeps (rt._ddp_rate: 1, or ddp_timers_every past the detailed steps)
             ddp._set_ddp_runtime_logging_sample_rate(rt._ddp_rate if on else 100)
         elif group == "ddp-read":

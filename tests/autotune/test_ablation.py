@@ -9,6 +9,9 @@ no-op knob was kept on a loaded host (both of its pairs at 1.5x by chance, the b
 0.5 %); with 3 pairs every pair must favour it (a no-op: 1 in 8) and its gain must beat the noise
 of 3 baseline runs. 16 measured steps (~0.5-1 s): with 6 (0.15-0.3 s) one stall of the host moved
 a no-op's ratio to 1.66, and the keep rule now asks the CI's lower bound to clear the noise.
+With two workers short and long steps alternate: the median of per-step throughputs, the
+objective until then, made fp16 look 1.05-1.26x faster in all three pairs twice; the objective is
+now the rate (samples over time, `objective.steady_rate`).
 """
 
 from __future__ import annotations

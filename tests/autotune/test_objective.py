@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from torsh_tune.autotune import loss_by_step, loss_deviation, measure_run, throughput_of
-from torsh_tune.autotune.objective import per_step_throughput, throughput_unit
+from torsh_tune.autotune import loss_by_step, loss_deviation, measure_run, running_throughput, throughput_of
+from torsh_tune.autotune.objective import per_step_throughput, steady_rate, throughput_unit
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "recorded"
 
@@ -32,6 +32,13 @@ def test_throughput_is_global_samples_over_slowest_rank_after_warmup(scenario):
     for _, g in measured.groupby("step"):
         per_step.append(g["samples"].sum() / g["step_s"].max())
     assert m.throughput.num_steps == len(per_step) == 25
+    # The objective: samples over time, a step beyond q3 + 3 IQR and twice the median left out (at most 2 of 25).
+    samples = measured.groupby("step")["samples"].sum()
+    step_s = measured.groupby("step")["step_s"].max()
+    q1, med, q3 = np.quantile(step_s, [0.25, 0.5, 0.75])
+    ok = step_s <= max(q3 + 3 * (q3 - q1), 2 * med)
+    assert m.throughput.stalls == (~ok).sum() <= 2
+    assert m.throughput.samples_s == pytest.approx(samples[ok].sum() / step_s[ok].sum())
     assert m.throughput.median_samples_s == pytest.approx(float(np.median(per_step)))
     q25, q75 = np.quantile(per_step, [0.25, 0.75])
     assert m.throughput.iqr_samples_s == pytest.approx(q75 - q25)
@@ -42,9 +49,47 @@ def test_throughput_is_global_samples_over_slowest_rank_after_warmup(scenario):
 
 def test_planted_scenarios_rank_as_expected():
     # comm_bound is the slow one by construction; the objective must see that.
-    comm = measure_run(RECORDED / "comm_bound").throughput.median_samples_s
-    compute = measure_run(RECORDED / "compute_bound").throughput.median_samples_s
+    comm = measure_run(RECORDED / "comm_bound").throughput.samples_s
+    compute = measure_run(RECORDED / "compute_bound").throughput.samples_s
     assert comm < compute / 5
+
+
+def _series(step_ms, samples=8):
+    return pd.DataFrame({"rank": 0, "step": range(len(step_ms)), "step_s": [t / 1000 for t in step_ms],
+                         "samples": samples, "warmup": False})
+
+
+def test_a_periodic_step_series_is_measured_at_its_rate_not_its_median():
+    # Two DataLoader workers hand over batches in turn: short and long steps alternate. Their median
+    # lands anywhere between the two (here the 8th and 9th of 16 sorted steps: 22 and 38 ms, or 22 and
+    # 23 when the pattern shifts by one); the rate is one batch per 30 ms either way.
+    even = [22, 38] * 8
+    shifted = [22, 38] * 7 + [22, 23]
+    tp_even, tp_shifted = throughput_of(_series(even)), throughput_of(_series(shifted))
+    assert tp_even.samples_s == pytest.approx(8 / 0.030) and tp_even.stalls == 0
+    assert tp_shifted.samples_s == pytest.approx(16 * 8 / (sum(shifted) / 1000))
+    assert tp_shifted.samples_s / tp_even.samples_s < 1.07  # the rate moved with the time, 6 %
+    assert tp_shifted.median_samples_s / tp_even.median_samples_s > 1.2  # the median jumped by 30 %
+    # Every fourth step three times as long (four workers, a periodic evaluation): a pattern, kept.
+    pattern = [10, 10, 10, 70] * 4
+    tp = throughput_of(_series(pattern))
+    assert tp.stalls == 0 and tp.samples_s == pytest.approx(8 / 0.025)
+
+
+def test_a_rare_stall_is_left_out_of_the_rate():
+    steps = [30.0] * 15 + [400.0]
+    rate, stalls = steady_rate(np.full(16, 8.0), np.array(steps) / 1000)
+    assert stalls == 1 and rate == pytest.approx(8 / 0.030)
+    # Two stalls in 16 steps are more than one in ten: they count (the host is that slow).
+    steps = [30.0] * 14 + [400.0, 400.0]
+    rate, stalls = steady_rate(np.full(16, 8.0), np.array(steps) / 1000)
+    assert stalls == 0 and rate == pytest.approx(16 * 8 / (sum(steps) / 1000))
+    # A step a little longer than the others is not a stall (not twice the median).
+    rate, stalls = steady_rate(np.full(16, 8.0), np.array([30.0] * 15 + [50.0]) / 1000)
+    assert stalls == 0
+    # The pruner's running value ends at the objective.
+    frame = _series([30.0] * 15 + [400.0])
+    assert running_throughput(frame, num_ranks=1).iloc[-1] == pytest.approx(throughput_of(frame).samples_s)
 
 
 def test_warmup_only_or_empty_records_give_no_throughput():
@@ -80,7 +125,7 @@ def test_counted_tokens_make_the_objective_tokens_per_second():
     counted = steps.assign(tokens=steps["samples"] * 128)
     tp = throughput_of(counted)
     assert tp.unit == "tokens/s"
-    assert tp.median_samples_s == pytest.approx(128 * throughput_of(steps).median_samples_s)
+    assert tp.samples_s == pytest.approx(128 * throughput_of(steps).samples_s)
     # One measured record without tokens: samples/s again (a partial count would mislead);
     # warm-up steps do not count.
     partial = counted.copy()
@@ -104,8 +149,8 @@ def test_a_script_counting_tokens_is_measured_in_tokens_per_second(tmp_path):
     steps = pd.concat(pd.read_json(p, lines=True) for p in sorted(Path(run.run_dir, "ranks").glob("*.steps.jsonl")))
     assert (steps["tokens"] == 8 * 64).all() and (steps["samples"] == 8).all()
     tp = run.measurement.throughput
-    assert tp.unit == "tokens/s" and tp.median_samples_s == pytest.approx(64 * throughput_of(
-        steps.drop(columns="tokens")).median_samples_s)
+    assert tp.unit == "tokens/s" and tp.samples_s == pytest.approx(64 * throughput_of(
+        steps.drop(columns="tokens")).samples_s)
     # Local rank 0 records its node's topology facts (sysfs: NICs, InfiniBand) in meta.json.
     import json
 

@@ -85,7 +85,7 @@ def test_a_hopeless_trial_is_pruned_and_nothing_of_it_survives(pruned):
     assert stored.trials[1].state == optuna.trial.TrialState.PRUNED
 
 
-def test_intermediate_values_are_the_running_median_at_the_same_indices(pruned):
+def test_intermediate_values_are_the_running_rate_at_the_same_indices(pruned):
     _, result, _ = pruned
     fast, slow = result.trials[:2]  # a recommendation the baseline enqueued may wait after them
     # A completed trial has every measured step reported (those the polls missed afterwards).

@@ -21,6 +21,7 @@ from .objective import (
     measure_run,
     per_step_throughput,
     running_throughput,
+    steady_rate,
     throughput_of,
     trial_constraints,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "run_fingerprints",
     "run_measured",
     "running_throughput",
+    "steady_rate",
     "step_inputs",
     "throughput_of",
     "trial_constraints",

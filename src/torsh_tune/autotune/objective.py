@@ -1,8 +1,15 @@
 """What a trial is worth: steady-state throughput, the noise-calibrated loss guard, the constraints.
 
 Pure (pandas + numpy): works on the step records of any run directory, recorded or live.
-`running_throughput` is what the pruner sees of a running trial: the median throughput
+`running_throughput` is what the pruner sees of a running trial: the steady-state rate
 over the measured steps so far, indexed by measured step, the same index in every trial.
+
+The objective is a rate, not the median of per-step throughputs: a step series is often
+periodic (N DataLoader workers hand over batches in turn, so short and long steps alternate;
+gradient accumulation; a periodic evaluation), and the median of a two-valued series lands
+anywhere between its two values (a no-op knob measured 1.05-1.26x on `examples/data_bound.py`
+that way). `steady_rate` is samples over time of the measured steps with rare stalls (a step
+beyond Tukey's far-out fence and at least twice the median, at most one in ten steps) left out.
 
 The loss guard (`loss_check`) is calibrated on the baseline's own repeats: a trial violates
 only when its mean loss is worse than the baseline's beyond what the baseline's run-to-run
@@ -10,7 +17,7 @@ spread explains (a one-sided t-test at `LOSS_TEST_ALPHA`) *and* beyond the toler
 
 Example:
     >>> m = measure_run("tests/data/recorded/data_bound")  # doctest: +SKIP
-    >>> m.throughput.median_samples_s  # doctest: +SKIP
+    >>> m.throughput.samples_s  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ __all__ = [
     "measure_run",
     "per_step_throughput",
     "running_throughput",
+    "steady_rate",
     "throughput_of",
     "throughput_unit",
     "trial_constraints",
@@ -56,20 +64,49 @@ class Throughput:
     `*_samples_s` fields then hold tokens/s, and `unit` says which.
 
     Attributes:
-        median_samples_s: Median of the per-step throughputs: the objective.
-        q25_samples_s: 25th percentile.
+        samples_s: The objective: `steady_rate` of the measured steps (samples over time, rare
+            stalls left out).
+        median_samples_s: Median of the per-step throughputs.
+        q25_samples_s: 25th percentile of the per-step throughputs.
         q75_samples_s: 75th percentile.
         iqr_samples_s: q75 - q25: the spread within the run.
         num_steps: Measured steps.
+        stalls: Measured steps left out of `samples_s` as stalls.
         unit: "samples/s", or "tokens/s" when the script counted tokens.
     """
 
+    samples_s: float
     median_samples_s: float
     q25_samples_s: float
     q75_samples_s: float
     iqr_samples_s: float
     num_steps: int
+    stalls: int = 0
     unit: str = "samples/s"
+
+
+#: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
+STALL_SHARE = 0.1
+
+
+def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
+    """(samples per second over the steps, steps left out as stalls).
+
+    A stall: a step longer than Tukey's far-out fence (q3 + 3 IQR of the step times) and twice
+    their median, and only while such steps are at most `STALL_SHARE` of all (at least one may
+    be): a host hiccup, not the workload. Steps that long more often are a pattern of the
+    workload (every N-th batch of N DataLoader workers, a periodic evaluation) and count.
+    """
+    samples = np.asarray(samples, dtype=float)
+    step_s = np.asarray(step_s, dtype=float)
+    if step_s.size == 0:
+        return float("nan"), 0
+    q1, med, q3 = np.quantile(step_s, [0.25, 0.5, 0.75])
+    stall = step_s > max(q3 + 3.0 * (q3 - q1), 2.0 * med)
+    n = int(stall.sum())
+    if n > max(1, int(STALL_SHARE * step_s.size)) or n == step_s.size:
+        stall[:], n = False, 0
+    return float(samples[~stall].sum() / step_s[~stall].sum()), n
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,11 +153,18 @@ def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, un
             steps that every rank has finished).
         unit: "samples/s" or "tokens/s"; default `throughput_unit(steps)`.
     """
+    per_step = _per_step(steps, num_ranks=num_ranks, unit=unit)
+    return per_step["samples"] / per_step["step_s"]
+
+
+def _per_step(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | None = None) -> pd.DataFrame:
+    """Measured step -> (global samples or tokens, the slowest rank's step_s), in step order."""
+    empty = pd.DataFrame({"samples": pd.Series(dtype=float), "step_s": pd.Series(dtype=float)})
     if steps.empty:
-        return pd.Series(dtype=float)
+        return empty
     kept = steps[~steps["warmup"].fillna(False).astype(bool)]
     if kept.empty:
-        return pd.Series(dtype=float)
+        return empty
     unit = unit or throughput_unit(steps)
     by_step = kept.groupby("step")
     step_s = by_step["step_s"].max().astype(float)
@@ -132,11 +176,11 @@ def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, un
     if num_ranks is not None:
         ranks = by_step["rank"].nunique() if "rank" in kept.columns else by_step.size()
         ok &= ranks >= num_ranks
-    return (samples[ok] / step_s[ok]).sort_index()
+    return pd.DataFrame({"samples": samples[ok], "step_s": step_s[ok]}).sort_index()
 
 
 def running_throughput(steps: pd.DataFrame, *, num_ranks: int, unit: str | None = None) -> pd.Series:
-    """Measured-step index (0, 1, ...) -> median throughput over the measured steps up to it.
+    """Measured-step index (0, 1, ...) -> `steady_rate` of the measured steps up to it.
 
     The intermediate values a trial reports to the pruner. Only steps every rank recorded
     count (ranks append in step order, so they form a prefix), hence the value at an index
@@ -144,9 +188,9 @@ def running_throughput(steps: pd.DataFrame, *, num_ranks: int, unit: str | None 
     the index means the same in every trial of a study (same warm-up, same budget).
     `unit` as in `per_step_throughput` (a study passes its baseline's).
     """
-    per_step = per_step_throughput(steps, num_ranks=num_ranks, unit=unit)
-    running = per_step.reset_index(drop=True).expanding().median()
-    return running.astype(float)
+    per_step = _per_step(steps, num_ranks=num_ranks, unit=unit)
+    samples, step_s = per_step["samples"].to_numpy(), per_step["step_s"].to_numpy()
+    return pd.Series([steady_rate(samples[: i + 1], step_s[: i + 1])[0] for i in range(len(step_s))], dtype=float)
 
 
 def throughput_of(steps: pd.DataFrame) -> Throughput | None:
@@ -157,11 +201,15 @@ def throughput_of(steps: pd.DataFrame) -> Throughput | None:
         rank configurations by their warm-up).
     """
     unit = throughput_unit(steps)
-    per_step = per_step_throughput(steps, unit=unit).to_numpy()
-    if per_step.size == 0:
+    frame = _per_step(steps, unit=unit)
+    if frame.empty:
         return None
+    per_step = (frame["samples"] / frame["step_s"]).to_numpy()
     q25, med, q75 = np.quantile(per_step, [0.25, 0.5, 0.75])
+    rate, stalls = steady_rate(frame["samples"].to_numpy(), frame["step_s"].to_numpy())
     return Throughput(
+        samples_s=rate,
+        stalls=stalls,
         median_samples_s=float(med),
         q25_samples_s=float(q25),
         q75_samples_s=float(q75),

@@ -2,7 +2,7 @@
 
 While a trial runs, the supervisor polls its step records about twice a second and calls
 `TrialPruning` (its `should_prune` hook). Each measured step that every rank has finished
-is reported to Optuna as `trial.report(running_median_samples_s, measured_step_index)`
+is reported to Optuna as `trial.report(steady_rate_so_far, measured_step_index)`
 (`objective.running_throughput`: the same index means the same in every trial of a study).
 When the study's pruner (`make_pruner`) says so, the hook returns a one-line reason and the
 supervisor stops the whole job the way it stops a timeout (SIGTERM, grace, SIGKILL, sweep of

@@ -56,10 +56,10 @@ class MeasuredRun:
 
     @property
     def samples_s(self) -> float | None:
-        """The objective: median steady-state throughput, None unless COMPLETE."""
+        """The objective: the steady-state rate (`objective.steady_rate`), None unless COMPLETE."""
         if self.state != "COMPLETE" or self.measurement is None or self.measurement.throughput is None:
             return None
-        return self.measurement.throughput.median_samples_s
+        return self.measurement.throughput.samples_s
 
 
 def fresh_run_dir(root: str | os.PathLike[str], name: str) -> RunDir:

@@ -90,7 +90,7 @@ class TrialResult:
         number: Optuna trial number (0 is PyTorch's defaults).
         params: Every dimension's value, fixed ones included.
         state: Optuna state name: COMPLETE, FAIL, PRUNED, RUNNING, ...
-        samples_s: Median steady-state throughput (the objective), None unless COMPLETE.
+        samples_s: Steady-state throughput (the objective: `objective.steady_rate`), None unless COMPLETE.
         iqr_samples_s: Spread of the per-step throughput within the run.
         loss_deviation: Relative deviation of the mean loss from the baseline's (the
             second objective of a throughput+loss study).
@@ -106,7 +106,7 @@ class TrialResult:
             strategy advisor's candidate), "model" (predicted fast by the bench's
             alpha-beta model), or "" for the sampler's.
         peak_mem_bytes: Largest peak memory of any rank (RSS on CPU), None unless measured.
-        intermediate_samples_s: Measured-step index -> running median throughput, as
+        intermediate_samples_s: Measured-step index -> steady-state rate so far, as
             reported to the pruner (single-objective studies).
     """
 

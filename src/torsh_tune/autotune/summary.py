@@ -209,7 +209,7 @@ def _side(run_dirs: Sequence[str]) -> dict[str, Any]:
         tp = throughput_of(steps)
         if tp is None:
             continue
-        tps.append(tp.median_samples_s)  # the study's unit: a script counts tokens in every run or never
+        tps.append(tp.samples_s)  # the study's unit: a script counts tokens in every run or never
         kept = steps[~steps["warmup"].fillna(False).astype(bool)]
         step_s.append(float(kept.groupby("step")["step_s"].max().median()))
         peak = pd.to_numeric(steps["peak_mem_bytes"], errors="coerce").max()

@@ -452,7 +452,7 @@ class StudyProgress:
         tp = run.measurement.throughput if run.measurement is not None else None
         if tp is not None:
             self.unit = tp.unit  # the baseline's unit is the study's
-        value = f"{tp.median_samples_s:,.1f} {tp.unit}" if tp is not None else f"{run.failure_reason}"
+        value = f"{tp.samples_s:,.1f} {tp.unit}" if tp is not None else f"{run.failure_reason}"
         self._emit((label, run.state, value, "", ""),
                    f"  {label:<19} {run.state:<8} {value:<28} {'':<18} ETA {self.eta()}")
 
