@@ -31,7 +31,9 @@ def test_global_step_time_is_the_slowest_rank_outside_warmup():
     assert st.median_step_s == pytest.approx(statistics.median(global_s))
     assert st.mean_step_s == pytest.approx(statistics.fmean(global_s))
     assert st.samples_per_step == 4 * 32
-    assert st.throughput_samples_s == pytest.approx(128 / st.median_step_s)
+    # A rate: samples over the steps' time (no step here is twice the median: no stall).
+    assert st.stall_steps == 0 and st.throughput_samples_s == pytest.approx(128 * len(global_s) / sum(global_s))
+    assert st.steps_per_s == pytest.approx(len(global_s) / sum(global_s))
     assert st.p90_step_s >= st.median_step_s
 
 

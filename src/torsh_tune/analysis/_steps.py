@@ -7,7 +7,31 @@ import pandas as pd
 
 from ._types import PHASES, Breakdown, StepStats
 
-__all__ = ["breakdown", "comm_timed", "measured", "phase_frame", "step_stats"]
+__all__ = ["STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "steady_rate", "step_stats"]
+
+
+#: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
+STALL_SHARE = 0.1
+
+
+def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
+    """(samples per second over the steps, steps left out as stalls).
+
+    A stall: a step longer than Tukey's far-out fence (q3 + 3 IQR of the step times) and twice
+    their median, and only while such steps are at most `STALL_SHARE` of all (at least one may
+    be): a host hiccup, not the workload. Steps that long more often are a pattern of the
+    workload (every N-th batch of N DataLoader workers, a periodic evaluation) and count.
+    """
+    samples = np.asarray(samples, dtype=float)
+    step_s = np.asarray(step_s, dtype=float)
+    if step_s.size == 0:
+        return float("nan"), 0
+    q1, med, q3 = np.quantile(step_s, [0.25, 0.5, 0.75])
+    stall = step_s > max(q3 + 3.0 * (q3 - q1), 2.0 * med)
+    n = int(stall.sum())
+    if n > max(1, int(STALL_SHARE * step_s.size)) or n == step_s.size:
+        stall[:], n = False, 0
+    return float(samples[~stall].sum() / step_s[~stall].sum()), n
 
 
 def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
@@ -71,6 +95,10 @@ def step_stats(steps: pd.DataFrame) -> StepStats | None:
     q25, q75, p90 = np.quantile(global_s, [0.25, 0.75, 0.9])
     median_s = float(global_s.median())
     samples_per_step = float(samples.median())
+    # The rate, not samples / median step: the median of a periodic series (workers handing over
+    # batches in turn) lands anywhere between its values (`steady_rate`).
+    samples_s, stalls = steady_rate(samples.to_numpy(), global_s.to_numpy())
+    steps_s, _ = steady_rate(np.ones(len(global_s)), global_s.to_numpy())
     clocks = set(steps["clock"].dropna().astype(str)) if "clock" in steps else set()
     known = samples_per_step > 0
     note = None if known else (
@@ -84,8 +112,9 @@ def step_stats(steps: pd.DataFrame) -> StepStats | None:
         std_step_s=float(global_s.std(ddof=0)),
         iqr_step_s=float(q75 - q25),
         samples_per_step=samples_per_step,
-        throughput_samples_s=(samples_per_step / median_s if median_s > 0 else 0.0) if known else None,
-        steps_per_s=1.0 / median_s if median_s > 0 else 0.0,
+        throughput_samples_s=(samples_s if np.isfinite(samples_s) else 0.0) if known else None,
+        steps_per_s=steps_s if np.isfinite(steps_s) else 0.0,
+        stall_steps=stalls,
         throughput_note=note,
         clock="device" if clocks == {"device"} else "host" if clocks <= {"host"} else "mixed",
     )

@@ -99,10 +99,12 @@ class StepStats:
     std_step_s: float
     iqr_step_s: float
     samples_per_step: float  # global (all ranks)
-    throughput_samples_s: float | None  # global, samples_per_step / median_step_s; None when samples are unknown
-    steps_per_s: float = 0.0  # 1 / median_step_s: the throughput that is always known
+    # Global samples over the measured steps' time, rare stalls left out (`steady_rate`); None when samples are unknown.
+    throughput_samples_s: float | None
+    steps_per_s: float = 0.0  # the same rate in steps: the throughput that is always known
     throughput_note: str | None = None  # why samples/s is unknown, when it is
     clock: str = "host"  # of step_s: "device" (CUDA events) or "host"
+    stall_steps: int = 0  # measured steps left out of the throughput as stalls
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis import load_run
+from ..analysis import load_run, steady_rate
 from ..rundir import RunDir
 
 __all__ = [
@@ -83,30 +83,6 @@ class Throughput:
     num_steps: int
     stalls: int = 0
     unit: str = "samples/s"
-
-
-#: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
-STALL_SHARE = 0.1
-
-
-def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
-    """(samples per second over the steps, steps left out as stalls).
-
-    A stall: a step longer than Tukey's far-out fence (q3 + 3 IQR of the step times) and twice
-    their median, and only while such steps are at most `STALL_SHARE` of all (at least one may
-    be): a host hiccup, not the workload. Steps that long more often are a pattern of the
-    workload (every N-th batch of N DataLoader workers, a periodic evaluation) and count.
-    """
-    samples = np.asarray(samples, dtype=float)
-    step_s = np.asarray(step_s, dtype=float)
-    if step_s.size == 0:
-        return float("nan"), 0
-    q1, med, q3 = np.quantile(step_s, [0.25, 0.5, 0.75])
-    stall = step_s > max(q3 + 3.0 * (q3 - q1), 2.0 * med)
-    n = int(stall.sum())
-    if n > max(1, int(STALL_SHARE * step_s.size)) or n == step_s.size:
-        stall[:], n = False, 0
-    return float(samples[~stall].sum() / step_s[~stall].sum()), n
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds
+from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds, steady_rate
 from ..reports import TuningInfo
 from ..reports.figures import (
     DEFAULT_MAX_POINTS,
@@ -48,7 +48,7 @@ class Kpis:
     num_steps: int  # distinct steps recorded (any rank)
     last_step: int | None
     median_step_s: float | None  # slowest rank per measured step, median
-    throughput_samples_s: float | None  # global samples per measured step / median step
+    throughput_samples_s: float | None  # global samples per measured step x their steady rate (`steady_rate`)
     world_size: int
     num_ranks_reporting: int
     last_record_age_s: float | None  # now - newest t_end (a stalled live run shows here)
@@ -78,13 +78,16 @@ def get_kpis(frames: RunFrames) -> Kpis:
     per_step = g["step_s"].max()
     median = float(per_step.median()) if len(per_step) else math.nan
     samples = float(g["samples"].sum(min_count=1).median())
+    # The report's rate (`steady_rate`), in steps; samples per step as their median (a step some ranks
+    # have not finished yet counts fewer samples).
+    steps_s = steady_rate(np.ones(len(per_step)), per_step.to_numpy(dtype=float))[0] if len(per_step) else math.nan
     t_end = float(steps["t_end"].max())
     return Kpis(
         status=status,
         num_steps=int(steps["step"].nunique()),
         last_step=int(steps["step"].max()),
         median_step_s=median if math.isfinite(median) else None,
-        throughput_samples_s=samples / median if median > 0 and math.isfinite(samples) else None,
+        throughput_samples_s=samples * steps_s if median > 0 and math.isfinite(samples * steps_s) else None,
         world_size=frames.world_size,
         num_ranks_reporting=int(steps["rank"].nunique()),
         last_record_age_s=max(0.0, time.time() - t_end) if math.isfinite(t_end) else None,
