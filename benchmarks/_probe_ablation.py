@@ -6,7 +6,9 @@ one process installs every probe as the bootstrap does, warms up, and then runs 
 of steps: for each group, one block with every probe on next to one with that group switched
 off (its original restored, or its hooks taken out of torch's hook dicts), the order alternating
 and the groups rotating. A group's cost is the median over rounds of (all on - that group off)
-per-step medians, with the IQR. Nothing in src/ is changed.
+per-step medians, with the IQR; beside it the same for the training thread's CPU time per step
+(`time.thread_time` over the block, a mean: the rare slow steps count, the host's other processes
+and the VM's stolen time do not). Nothing in src/ is changed.
 
 Groups (DDP workload, CPU): `ddp-rate` (DDP's runtime stats at the sample rate the profiler
 sets, against PyTorch's default of 100: its own C++ work), `ddp-read` (reading those timers into the step's record),
@@ -133,14 +135,21 @@ def main() -> None:
     groups = [g for g in GROUPS if not (cuda and g == "ddp-rate")]
     perf = time.perf_counter
 
+    cpu_clock = time.thread_time
+    cpu_deltas: dict[str, list[float]] = {g: [] for g in groups}
+    cpu_last: list[float] = [0.0]
+
     def block() -> float:
+        """The block's median wall time per step; its training thread's mean CPU time per step goes to `cpu_last`."""
         times = []
+        c0 = cpu_clock()
         for _ in range(args.steps):
             t0 = perf()
             step(next(batches))
             times.append(perf() - t0)
         if cuda:
             torch.cuda.synchronize()
+        cpu_last[0] = (cpu_clock() - c0) / args.steps
         return statistics.median(times)
 
     # Each group's blocks are paired with an all-on block next to it (the order alternating), so a
@@ -151,24 +160,32 @@ def main() -> None:
         for g in groups[r % len(groups):] + groups[:r % len(groups)]:
             if r % 2:
                 on_blocks.append(block())
+                on_cpu = cpu_last[0]
                 switch(g, False)
                 off = block()
+                off_cpu = cpu_last[0]
                 switch(g, True)
             else:
                 switch(g, False)
                 off = block()
+                off_cpu = cpu_last[0]
                 switch(g, True)
                 on_blocks.append(block())
+                on_cpu = cpu_last[0]
             deltas[g].append(1e6 * (on_blocks[-1] - off))
+            cpu_deltas[g].append(1e6 * (on_cpu - off_cpu))
     rows = []
     for g in groups:
         q = statistics.quantiles(deltas[g], n=4)
-        rows.append({"group": g, "cost_us_median": statistics.median(deltas[g]), "q1": q[0], "q3": q[2]})
+        qc = statistics.quantiles(cpu_deltas[g], n=4)
+        rows.append({"group": g, "cost_us_median": statistics.median(deltas[g]), "q1": q[0], "q3": q[2],
+                     "cpu_us_median": statistics.median(cpu_deltas[g]), "cpu_q1": qc[0], "cpu_q3": qc[2]})
     all_on = 1e6 * statistics.median(on_blocks)
     print(f"all probes on: median step {all_on:.1f} us ({args.blocks} blocks x {args.steps} steps per variant)")
-    print(f"{'group switched off':<20}{'its cost per step, median (IQR)':>36}")
+    print(f"{'group switched off':<20}{'wall: median step, median (IQR)':>36}{'training thread CPU, mean (IQR)':>40}")
     for r in rows:
-        print(f"{r['group']:<20}{r['cost_us_median']:>+12.1f} us  ({r['q1']:+.1f} .. {r['q3']:+.1f})")
+        print(f"{r['group']:<20}{r['cost_us_median']:>+12.1f} us  ({r['q1']:+7.1f} .. {r['q3']:+7.1f})"
+              f"{r['cpu_us_median']:>+16.1f} us  ({r['cpu_q1']:+7.1f} .. {r['cpu_q3']:+7.1f})")
     workload = "ddp-mlp-2048-cuda" if cuda else f"ddp-{args.buckets}"
     print(json.dumps({"benchmark": "probe_ablation", "workload": workload, "blocks": args.blocks,
                       "steps": args.steps, "all_on_step_us": all_on, "rows": rows, "date": time.strftime("%Y-%m-%d")}))

@@ -48,7 +48,9 @@ class StepRecord:
     tokens: int | None  # tokens the script counted in the step (torsh_tune.count_tokens), None if it counts none
     num_microbatches: int  # forward passes in the step (> 1 with gradient accumulation)
     loss: float | None  # read every `profiler.loss_every` steps, else None
-    peak_mem_bytes: int  # torch.cuda.max_memory_allocated on GPU, process RSS on CPU
+    # torch.cuda.max_memory_allocated on GPU; process peak RSS on CPU, past the detailed steps read once per batch
+    # of 16 records when they are written (an upper bound where RSS grew within the batch)
+    peak_mem_bytes: int
     warmup: bool  # inside budget.warmup_steps
     clock: str | None = None  # "host" or "device" (None: records written before clocks were recorded)
     forward_exposed_comm_s: float | None = None  # exposed comm inside the forward (FSDP all-gathers)

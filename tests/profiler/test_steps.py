@@ -360,3 +360,43 @@ def test_ddp_timers_are_read_in_the_warmup_the_first_measured_steps_and_windows_
     assert reads == detailed + [23, 27, 31, 32, 33, 35, 39]  # the last step (41) is never read
     steps = _lines(run, writer, "steps")
     assert [s["step"] for s in steps if s.get("comm_timed", True)] == reads
+
+
+def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_peak_read(run, writer):
+    from torsh_tune.profiler.steps import DETAILED_STEPS, FINALIZE_EVERY
+
+    peaks = []
+
+    def peak():  # the RSS peak grows by 1 KiB per read: which read a record carries is visible
+        peaks.append(len(peaks))
+        return 4096 + 1024 * len(peaks)
+
+    tracker = _tracker(writer, warmup_steps=2, peak_memory=peak)
+    detailed = 2 + DETAILED_STEPS
+    window = range(detailed + 20, detailed + 22)  # a trace window: every step of it is written at once
+    tracker.in_window = lambda: tracker.step in window
+    written = []
+    for i in range(detailed + 40):
+        tracker.on_forward(10.0 + i, 10.5 + i, 2)
+        tracker.on_optimizer(10.5 + i, 11.0 + i)
+        tracker.end_step(11.0 + i)
+        written.append(len(tracker._queue))
+    # Detailed steps are written at once (one read each); past them up to FINALIZE_EVERY + 1 wait, then go together.
+    assert written[:detailed] == [0] * detailed
+    assert max(written) == FINALIZE_EVERY and written[detailed:detailed + FINALIZE_EVERY] == list(range(1, FINALIZE_EVERY + 1))
+    assert written[detailed + FINALIZE_EVERY] == 0
+    assert written[window[0]] == 0 and written[window[1]] == 0  # the window drains what waited and writes its steps
+    tracker.flush_pending()
+    steps = _lines(run, writer, "steps")
+    assert [s["step"] for s in steps] == list(range(detailed + 40))
+    by_peak: dict[int, list[int]] = {}
+    for s in steps:
+        by_peak.setdefault(s["peak_mem_bytes"], []).append(s["step"])
+    # One read per detailed or window step, one per batch otherwise: every record of a batch has its read.
+    # The batches: 17 steps, the 3 the window drained, 17, and the run's last step alone at the end.
+    batches = [v for v in by_peak.values() if len(v) > 1]
+    assert [len(v) for v in batches] == [FINALIZE_EVERY + 1, 20 - FINALIZE_EVERY - 1, FINALIZE_EVERY + 1]
+    assert by_peak[max(by_peak)] == [detailed + 39]
+    assert len(peaks) == detailed + 2 + len(batches) + 1
+    for s in steps:
+        assert_record_schema(s, "steps")
