@@ -466,7 +466,7 @@ def test_study_progress_is_a_live_table_on_a_terminal_and_plain_lines_otherwise(
                                params={"ddp.bucket_cap_mb": 25.0})
 
     run = SimpleNamespace(state="COMPLETE", failure_reason="", measurement=SimpleNamespace(
-        throughput=SimpleNamespace(median_samples_s=100.0, unit="tokens/s")))
+        throughput=SimpleNamespace(samples_s=100.0, unit="tokens/s")))
     events = [("run", "baseline", run), ("trial", trial(0, 120.0)), ("trial", trial(1, None, state="FAIL")),
               ("trial", trial(2, 150.0, status="violated")), ("run", "confirm-A", run)]
     for terminal in (True, False):

@@ -376,10 +376,11 @@ def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_
     window = range(detailed + 20, detailed + 22)  # a trace window: every step of it is written at once
     tracker.in_window = lambda: tracker.step in window
     written = []
-    for i in range(detailed + 40):
-        tracker.on_forward(10.0 + i, 10.5 + i, 2)
-        tracker.on_optimizer(10.5 + i, 11.0 + i)
-        tracker.end_step(11.0 + i)
+    for i in range(detailed + 40):  # 10 ms steps: a batch is 16 steps, never what waited FINALIZE_AFTER_S
+        t = 10.0 + 0.01 * i
+        tracker.on_forward(t, t + 0.005, 2)
+        tracker.on_optimizer(t + 0.005, t + 0.01)
+        tracker.end_step(t + 0.01)
         written.append(len(tracker._queue))
     # Detailed steps are written at once (one read each); past them up to FINALIZE_EVERY + 1 wait, then go together.
     assert written[:detailed] == [0] * detailed
@@ -400,3 +401,16 @@ def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_
     assert len(peaks) == detailed + 2 + len(batches) + 1
     for s in steps:
         assert_record_schema(s, "steps")
+
+
+def test_slow_steps_are_not_held_back_by_the_batch(run, writer):
+    from torsh_tune.profiler.steps import DETAILED_STEPS, FINALIZE_AFTER_S
+
+    tracker = _tracker(writer, warmup_steps=0)
+    waiting = []
+    for i in range(DETAILED_STEPS + 6):  # 0.3 s steps: the one that ends 0.6 s after the oldest waiting flushes them
+        t = 10.0 + i * 0.6 * FINALIZE_AFTER_S
+        tracker.on_forward(t, t + 0.1, 2)
+        tracker.end_step(t + 0.2)
+        waiting.append(len(tracker._queue))
+    assert waiting[DETAILED_STEPS:] == [1, 2, 0, 1, 2, 0]

@@ -14,9 +14,10 @@ StepRecord line and its CommRecord lines are written once they can be known:
 
 Everything here runs on the hot path, so it keeps to float arithmetic and list appends.
 Past the detailed steps (the warm-up, the first `DETAILED_STEPS` measured ones, trace windows)
-host-clock steps are finalized in batches of `FINALIZE_EVERY`: on a 2-core VM the first touch
-of any code after a training step costs 5-15x its warm cost (getrusage 11 us, then 1.7 us), so
-one pass over 16 steps costs little more than one. Only what cannot wait is done per step: the
+host-clock steps are finalized in batches of `FINALIZE_EVERY` (or of what waited
+`FINALIZE_AFTER_S`): on a 2-core VM the first touch of any code after a training step costs
+5-15x its warm cost (getrusage 11 us, then 1.7 us), so one pass over 16 steps costs little
+more than one. Only what cannot wait is done per step: the
 previous step's DDP timers, read while they are still DDP's latest.
 """
 
@@ -34,6 +35,9 @@ __all__ = ["StepTracker"]
 _PHASES = ("forward", "backward", "optimizer")
 DETAILED_STEPS = 20  # measured steps whose DDP timers are always read (profiler.ddp_timers_every)
 FINALIZE_EVERY = 16  # host-clock steps finalized and queued for the writer together, past the detailed steps
+# ... or fewer, once the oldest waiting step ended this long ago: slow steps reach the files (the live
+# dashboard, the pruner, the supervisor's no-progress timeout) as soon as unbatched ones would.
+FINALIZE_AFTER_S = 0.5
 
 
 class StepTracker:
@@ -205,7 +209,8 @@ class StepTracker:
         self._queue.append(entry)
         if len(self._queue) > 1:
             self._read_ddp_timers(self._queue[-2])
-        if not batched or len(self._queue) > FINALIZE_EVERY:
+        queue = self._queue
+        if not batched or len(queue) > FINALIZE_EVERY or t_end - queue[0]["record"]["t_end"] >= FINALIZE_AFTER_S:
             self._collect_comm()
             self._write_ready()
         self.step += 1
@@ -223,7 +228,7 @@ class StepTracker:
         return k == 1 or (step + self.ddp_offset) % k == 0 or self.detailed(step)
 
     def _read_ddp_timers(self, entry: dict[str, Any]) -> None:
-        """The DDP timers of `entry` (the step before the newest), read now: the next collected iteration replaces them."""
+        """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them."""
         if entry["ddp_timers"] and entry["read_timers"] and "ddp" not in entry and self.step_comm is not None:
             entry["ddp"] = got = self.step_comm(entry["record"]["step"], self._comm_seq, read=True)
             self._comm_seq += len(got[0])
