@@ -384,7 +384,8 @@ def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_
         written.append(len(tracker._queue))
     # Detailed steps are written at once (one read each); past them up to FINALIZE_EVERY + 1 wait, then go together.
     assert written[:detailed] == [0] * detailed
-    assert max(written) == FINALIZE_EVERY and written[detailed:detailed + FINALIZE_EVERY] == list(range(1, FINALIZE_EVERY + 1))
+    assert max(written) == FINALIZE_EVERY
+    assert written[detailed:detailed + FINALIZE_EVERY] == list(range(1, FINALIZE_EVERY + 1))
     assert written[detailed + FINALIZE_EVERY] == 0
     assert written[window[0]] == 0 and written[window[1]] == 0  # the window drains what waited and writes its steps
     tracker.flush_pending()

@@ -17,8 +17,8 @@ Past the detailed steps (the warm-up, the first `DETAILED_STEPS` measured ones, 
 host-clock steps are finalized in batches of `FINALIZE_EVERY` (or of what waited
 `FINALIZE_AFTER_S`): on a 2-core VM the first touch of any code after a training step costs
 5-15x its warm cost (getrusage 11 us, then 1.7 us), so one pass over 16 steps costs little
-more than one. Only what cannot wait is done per step: the
-previous step's DDP timers, read while they are still DDP's latest.
+more than one. Only what cannot wait is done per step: the previous step's DDP timers, read
+while they are still DDP's latest.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class StepTracker:
         t_start = self._t_start if self._t_start is not None else t_end
         loss = self._loss
         # Detailed steps and device-clock ones are finalized at once; the others in batches, whose
-        # one peak-memory read fills every record of the batch (`_fill_peak`).
+        # one peak-memory read fills every record of the batch (`_write_ready`).
         batched = self.device_events is None and not self.detailed(self.step)
         record = {
             "rank": self.rank,
@@ -206,10 +206,10 @@ class StepTracker:
             self._start_event = end_event  # the next step starts where this one ends
         elif self.device_events is not None:
             self._start_event = self.device_events.record()
-        self._queue.append(entry)
-        if len(self._queue) > 1:
-            self._read_ddp_timers(self._queue[-2])
         queue = self._queue
+        queue.append(entry)
+        if len(queue) > 1:
+            self._read_ddp_timers(queue[-2])
         if not batched or len(queue) > FINALIZE_EVERY or t_end - queue[0]["record"]["t_end"] >= FINALIZE_AFTER_S:
             self._collect_comm()
             self._write_ready()
