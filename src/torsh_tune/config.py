@@ -125,8 +125,8 @@ class ProfilerConfig:
         "warm-up, the first 20 measured steps and every trace window, then every k-th step; a step not read "
         "says comm_timed: false and the analysis leaves it out of its communication numbers. DDP's own "
         "sample rate follows (its runtime stats cost ~25-50 us per iteration). A read costs ~50-110 us on "
-        "a 2-core host (benchmarks/_probe_ablation.py); 8 against 4: ~-20 us per step; 1: every step. On "
-        "CUDA PyTorch's own sampling of its timers applies.",
+        "a 2-core host (benchmarks/_probe_ablation.py); 8 against 4: ~-20 us per step; 1: every step (also "
+        "with two DDP models, whose iterations differ). On CUDA PyTorch's own sampling of its timers applies.",
     )
     trace_window: str | None = _f(
         None, "Deep-trace steps START:LEN with torch.profiler, e.g. '20:5' traces steps 20-24 (0-based, as in step records)."

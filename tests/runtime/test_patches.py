@@ -286,3 +286,64 @@ def test_the_dataloaders_startup_stock_is_warm_up(tmp_path, workers, prefetch, w
             f"never waited for data"]
     else:
         assert "warmup_steps" not in meta and notes == []
+
+
+TWO_MODELS = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torsh_tune.config import DistEnv, RunConfig
+from torsh_tune.rundir import RunDir
+from torsh_tune.runtime import patches
+from torsh_tune.runtime.budget import StepBudgetReached
+from torsh_tune.runtime.context import RankRuntime
+
+rt = RankRuntime(RunConfig.from_json(sys.argv[2]), RunDir(sys.argv[1]), env=DistEnv.one_node(rank=0, world_size=1))
+patches.install(rt)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+gen = DistributedDataParallel(torch.nn.Linear(8, 8))
+disc = DistributedDataParallel(torch.nn.Linear(8, 1))
+opt_g = torch.optim.SGD(gen.parameters(), lr=0.01)
+opt_d = torch.optim.SGD(disc.parameters(), lr=0.01)
+try:
+    while True:  # a GAN: the discriminator runs two forwards per iteration, the generator one
+        x = torch.randn(4, 8)
+        fake = gen(x)
+        (disc(x).mean() - disc(fake.detach()).mean()).backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        disc.zero_grad()
+        gen(x).pow(2).mean().backward()
+        opt_g.step()
+        opt_g.zero_grad()
+except StepBudgetReached:
+    pass
+rt.finish("budget")
+dist.destroy_process_group()
+"""
+
+
+def test_two_ddp_models_have_their_timers_read_at_every_step(tmp_path):
+    from torsh_tune.profiler.steps import DETAILED_STEPS
+
+    run = RunDir(tmp_path / "run")
+    steps = 2 + DETAILED_STEPS + 12  # past the detailed steps, where one model reads every k-th step
+    config = {"budget": {"warmup_steps": 2, "steps": DETAILED_STEPS + 12}, "profiler": {"flush_interval_s": 60}}
+    proc = subprocess.run([sys.executable, "-c", TWO_MODELS, str(run.path), json.dumps(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_jsonl(run.rank_file(0, "steps"))
+    comm = read_jsonl(run.rank_file(0, "comm"))
+    meta = json.loads(run.rank_file(0, "meta").read_text())
+    assert [s["step"] for s in records] == list(range(steps))
+    # Each model counts its own iterations (the discriminator two per step): a rate k > 1 would collect
+    # them at different steps, and the second model's reads would find stale timers. Every step but the
+    # last (its timers come at a forward that never runs) is timed, with one record per model.
+    assert [s["step"] for s in records if s.get("comm_timed", True) is False] == [steps - 1]
+    per_step = {}
+    for c in comm:
+        per_step[c["step"]] = per_step.get(c["step"], 0) + 1
+    assert all(per_step.get(i) == 2 for i in range(1, steps - 1)), per_step
+    assert any("two DDP models" in n for n in meta["notes"])

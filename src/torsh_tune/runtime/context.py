@@ -270,6 +270,16 @@ class RankRuntime:
         }
         self.meta.setdefault("ddp_models", []).append(info)
         self.meta["ddp"] = self.meta["ddp_models"][0]
+        if len(self.ddp_models) == 2 and self.tracker.ddp_timers_every > 1 and not self.on_cuda:
+            # Each model counts its own iterations (a discriminator may run two forwards per step): the
+            # iterations DDP collects at a rate k > 1 differ between them, so every step is read at rate 1.
+            self.tracker.ddp_timers_every = 1
+            self._ddp_rate = 1
+            for m in self.ddp_models[:1]:
+                if getattr(m, "_torsh_timed_hook", None) is None:
+                    m._set_ddp_runtime_logging_sample_rate(1)
+            self.note("two DDP models: DDP's timers are read at every step (profiler.ddp_timers_every = 1), "
+                      "as each model's iterations are its own")
         self.save_meta()
 
     def on_parallelize(self, model: Any, facts: dict[str, Any], runner: Any) -> None:
