@@ -272,12 +272,9 @@ class RankRuntime:
         self.meta["ddp"] = self.meta["ddp_models"][0]
         if len(self.ddp_models) == 2 and self.tracker.ddp_timers_every > 1 and not self.on_cuda:
             # Each model counts its own iterations (a discriminator may run two forwards per step): the
-            # iterations DDP collects at a rate k > 1 differ between them, so every step is read at rate 1.
+            # iterations DDP collects at a rate k > 1 differ between them, so every step is read, at rate 1
+            # (`ddp_sample_rate_for` sets it at the next step boundary).
             self.tracker.ddp_timers_every = 1
-            self._ddp_rate = 1
-            for m in self.ddp_models[:1]:
-                if getattr(m, "_torsh_timed_hook", None) is None:
-                    m._set_ddp_runtime_logging_sample_rate(1)
             self.note("two DDP models: DDP's timers are read at every step (profiler.ddp_timers_every = 1), "
                       "as each model's iterations are its own")
         self.save_meta()
@@ -366,10 +363,10 @@ class RankRuntime:
         the iterations that rate collects (`StepTracker.ddp_offset`): DDP's runtime stats at
         every iteration cost ~25-50 µs per step on a 2-core host.
         """
-        k = self.tracker.ddp_timers_every
-        if k == 1 or self.on_cuda:
+        if self.on_cuda:
             return
-        detailed = self.tracker.detailed(done)
+        k = self.tracker.ddp_timers_every
+        detailed = k == 1 or self.tracker.detailed(done)
         want = 1 if detailed or self._detailed else k
         self._detailed = detailed
         if want != self._ddp_rate:
