@@ -124,14 +124,14 @@ def test_collectives_are_written_with_their_step_and_late_ones_alone(run, writer
     tracker = _tracker(writer, warmup_steps=0)
     tracker.on_forward(10.0, 10.75, 4)
     tracker.on_backward(10.75, 11.5, None)
-    assert tracker.next_comm() == (0, 0, 0)
-    assert tracker.next_comm() == (0, 1, 1)
+    assert tracker.next_comm() == (0, 0)
+    assert tracker.next_comm() == (0, 1)
     # A synchronous call from 11.25, blocking 0.5 s: half in the backward, half in the optimizer step.
     tracker.on_collective(_comm(11.25, 11.75, blocked_s=0.5, seq=0))
     tracker.on_optimizer(11.5, 11.75)
     # An async one completing after the step ended (its future's callback comes later).
     tracker.end_step(11.75)
-    assert tracker.next_comm() == (1, 2, 0)  # seq runs on, the bucket index restarts per step
+    assert tracker.next_comm() == (1, 2)  # seq runs on across steps
     tracker.on_collective(_comm(11.5, 12.5, async_op=True, seq=1))
     tracker.on_forward(12.0, 12.5, 4)
     tracker.end_step(13.0)
@@ -282,7 +282,7 @@ def _device_step(tracker: StepTracker, ev: _ScriptedEvents, host0: float, dev0: 
     tracker.on_data(host0, host0 + 0.5, 4)  # the step's start event: device time dev0
     tracker.on_forward(host0 + 0.5, host0 + 0.625, 4, (ev.at(dev0 + 0.75), ev.at(dev0 + 1.0)))
     tracker.on_backward(host0 + 0.625, host0 + 0.75, torch.tensor(3.0), (ev.at(dev0 + 1.0), ev.at(dev0 + 2.5)))
-    step, seq, _ = tracker.next_comm()
+    step, seq = tracker.next_comm()
     comm = _comm(host0 + 0.625, None, blocked_s=0.0625, clock="device", stream="default", step=step, seq=seq,
                  _start=ev.at(dev0 + 1.25), _end=ev.at(dev0 + 2.0))
     tracker.on_collective(comm)

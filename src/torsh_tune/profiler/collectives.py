@@ -30,13 +30,14 @@ import functools
 import inspect
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ._clock import now
+from ._clock import now, offset as _clock_offset
 from .steps import StepTracker
 from .writer import SharedFields
 
@@ -204,6 +205,9 @@ class CollectiveCapture:
         # kind of call -> (its shared fields, [count, bytes])
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
+        # Per wrapped function, (caller code, its globals, id(group), dtype, async_op) -> (shared fields,
+        # [count, bytes], issuer): the fast path's one lookup per call (host clock, outside DDP buckets).
+        self._sites: list[dict[tuple, tuple[SharedFields, list[int], str]]] = []
         self.installed: list[str] = []
 
     @property
@@ -239,6 +243,8 @@ class CollectiveCapture:
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             # Group objects (and their ids) do not outlive this: forget what was learned about them.
             self._groups.clear()
+            for sites in self._sites:
+                sites.clear()
             self._default = None
             return original(*args, **kwargs)
 
@@ -277,6 +283,14 @@ class CollectiveCapture:
         op = _OP_NAME.get(name, name)
         always_async = name in _ALWAYS_ASYNC
         local = self._local
+        tracker = self.tracker
+        sites: dict[tuple, tuple[SharedFields, list[int], str]] = {}  # this function's call sites
+        self._sites.append(sites)
+        is_compiling = torch.compiler.is_compiling
+        getframe = sys._getframe
+        perf, offset = time.perf_counter, _clock_offset()
+        append, next_comm = tracker.comm_done.append, tracker.next_comm
+        tensor_type = torch.Tensor
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -288,16 +302,17 @@ class CollectiveCapture:
                     local.record["wire_bytes"] += n
                     local.dtype = local.dtype or d
                 return original(*args, **kwargs)
-            if torch.compiler.is_compiling():
+            if is_compiling():
                 return original(*args, **kwargs)
-            issuer = _caller_issuer(sys._getframe(1))
-            if issuer == "torsh-tune":  # our own teardown barrier is not the script's
-                return original(*args, **kwargs)
+            frame = getframe(1)
             group = kwargs.get("group") if "group" in kwargs else (
                 args[i_group] if i_group is not None and len(args) > i_group else None)
             async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
                 args[i_async] if i_async is not None and len(args) > i_async else False))
             if i_size is None:  # sized by the calls it makes
+                issuer = _caller_issuer(frame)
+                if issuer == "torsh-tune":  # our own teardown barrier is not the script's
+                    return original(*args, **kwargs)
                 record = self._begin(op, group, 0, None, issuer, async_op)
                 local.depth, local.record, local.dtype = 1, record, None
                 try:
@@ -306,22 +321,69 @@ class CollectiveCapture:
                     local.depth, local.record = 0, None
                 if local.dtype is not None:
                     record["dtype"] = str(local.dtype).removeprefix("torch.")
+                self._end(record, result)
+                return result
+            value = kwargs.get(size_arg) if size_arg in kwargs else args[i_size] if len(args) > i_size else None
+            if isinstance(value, tensor_type):
+                nbytes, dtype, first = value.nbytes, value.dtype, value
             else:
-                value = kwargs.get(size_arg) if size_arg in kwargs else args[i_size] if len(args) > i_size else None
-                nbytes, dtype = _nbytes_dtype(value)
-                if self._on_cuda is not None and getattr(_first_tensor(value), "is_cuda", False):
-                    on_cuda, self._on_cuda = self._on_cuda, None
-                    on_cuda()
+                (nbytes, dtype), first = _nbytes_dtype(value), None
+            if self._on_cuda is not None and getattr(first if first is not None else _first_tensor(value),
+                                                     "is_cuda", False):
+                on_cuda, self._on_cuda = self._on_cuda, None
+                on_cuda()
+            # The common call (a known call site, group and dtype; host clock; not a DDP bucket's): one
+            # lookup for its shared fields, the record built here. Anything else goes through _begin/_end.
+            site = sites.get((frame.f_code, id(frame.f_globals), id(group), dtype, async_op))
+            if site is None or tracker.device_events is not None or getattr(local, "bucket", None) is not None:
+                issuer = _caller_issuer(frame) if site is None else site[2]
+                if issuer == "torsh-tune":
+                    return original(*args, **kwargs)
                 record = self._begin(op, group, nbytes, dtype, issuer, async_op)
+                if site is None:
+                    self._learn_site(sites, frame, group, dtype, async_op, issuer, record)
                 local.depth, local.record = 1, None
                 try:
                     result = original(*args, **kwargs)
                 finally:
                     local.depth = 0
-            self._end(record, result)
+                self._end(record, result)
+                return result
+            shared, counts, issuer = site
+            if issuer == "torsh-tune":
+                return original(*args, **kwargs)
+            counts[0] += 1
+            counts[1] += nbytes
+            step, seq = next_comm()
+            record = {"_s": shared, "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes}
+            local.depth, local.record = 1, None
+            t0 = perf() + offset
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.depth = 0
+            t1 = perf() + offset
+            record["t_issue"] = t0
+            if result is None or not async_op:  # synchronous: done on return
+                record["blocked_s"] = record["duration_s"] = t1 - t0
+                record["t_complete"] = t1
+                append(record)
+            else:
+                record["blocked_s"] = 0.0
+                self._end(record, result)
             return result
 
         return collective
+
+    def _learn_site(self, sites: dict[tuple, Any], frame: Any, group: Any, dtype: Any, async_op: bool, issuer: str,
+                    record: dict[str, Any]) -> None:
+        """Remember a call site's shared fields for the fast path (not for shared plumbing: its callers differ)."""
+        if "_start" in record or "bucket" in record or frame.f_globals.get("__name__", "").startswith(_PLUMBING):
+            return
+        shared = record["_s"]
+        key = next(k for k, v in self._kinds.items() if v[0] is shared)
+        sites[(frame.f_code, id(frame.f_globals), id(group), dtype, async_op)] = (
+            shared, self._kinds[key][1], issuer)
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:
@@ -371,7 +433,7 @@ class CollectiveCapture:
         kind = self._kinds.get(key) or self._kind(key, info)
         kind[1][0] += 1
         kind[1][1] += nbytes
-        step, seq, _ = tracker.next_comm()
+        step, seq = tracker.next_comm()
         record: dict[str, Any] = {"_s": kind[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
                                   "t_issue": now(), "blocked_s": 0.0}
         if bucket is not None:

@@ -100,19 +100,16 @@ class StepTracker:
                 self._peak_memory = peak_memory
 
     def _reset(self) -> None:
-        self.data_s = 0.0
-        self.forward_s = 0.0
-        self.backward_s = 0.0
-        self.optimizer_s = 0.0
-        self.samples = 0
-        self.loader_samples = 0
         self.tokens = 0
-        self.microbatches = 0
-        self._backwards = 0
-        self._loss: Any = None
-        self._bucket_in_step = 0
-        # (phase, host t0, host t1, start event, end event); events are None on the host clock.
-        self._marks: list[tuple[str, float, float, Any, Any]] = []
+        # The step's phase events, in order: (phase, host t0, host t1, value, (start event, end event) or
+        # None on the host clock); value: the batch size (data, forward), the loss or None (backward).
+        # Sums, samples and the record are made from them when the step is finalized.
+        self._ev: list[tuple[str, float, float, Any, Any]] = []
+
+    @property
+    def microbatches(self) -> int:
+        """Forwards probed in the current step so far."""
+        return sum(1 for e in self._ev if e[0] == "forward")
 
     # -- phase hooks (training thread) ----------------------------------------------
     def mark_activity(self, t: float) -> None:
@@ -130,16 +127,14 @@ class StepTracker:
             self._start_event = self.device_events.record()
 
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
-        self.mark_activity(t0)
-        self.data_s += t1 - t0
-        self.loader_samples += batch_size
+        if self._t_start is None:
+            self.mark_activity(t0)
+        self._ev.append(("data", t0, t1, batch_size, None))
 
     def on_forward(self, t0: float, t1: float, batch_size: int, events: tuple[Any, Any] | None = None) -> None:
-        self.mark_activity(t0)
-        self.forward_s += t1 - t0
-        self.samples += batch_size
-        self.microbatches += 1
-        self._marks.append(("forward", t0, t1, *(events or (None, None))))
+        if self._t_start is None:
+            self.mark_activity(t0)
+        self._ev.append(("forward", t0, t1, batch_size, events))
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
@@ -148,23 +143,18 @@ class StepTracker:
         return self.step % self._loss_every == 0
 
     def on_backward(self, t0: float, t1: float, loss: Any, events: tuple[Any, Any] | None = None) -> None:
-        self.mark_activity(t0)
-        self.backward_s += t1 - t0
-        self._backwards += 1
-        if loss is not None:
-            self._loss = loss
-        self._marks.append(("backward", t0, t1, *(events or (None, None))))
+        if self._t_start is None:
+            self.mark_activity(t0)
+        self._ev.append(("backward", t0, t1, loss, events))
 
     def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
-        self.optimizer_s += t1 - t0
-        self._marks.append(("optimizer", t0, t1, *(events or (None, None))))
+        self._ev.append(("optimizer", t0, t1, None, events))
 
-    def next_comm(self) -> tuple[int, int, int]:
-        """(step, seq, bucket index within the step) for a collective issued now."""
-        seq, bucket = self._comm_seq, self._bucket_in_step
-        self._comm_seq += 1
-        self._bucket_in_step += 1
-        return self.step, seq, bucket
+    def next_comm(self) -> tuple[int, int]:
+        """(step, seq) for a collective issued now."""
+        seq = self._comm_seq
+        self._comm_seq = seq + 1
+        return self.step, seq
 
     def on_collective(self, record: dict[str, Any]) -> None:
         """A collective completed (host clock) or was enqueued with its events (device clock); any thread."""
@@ -172,70 +162,56 @@ class StepTracker:
 
     # -- step end --------------------------------------------------------------------
     def end_step(self, t_end: float) -> int:
-        """Close the step; write what can be written; return the number of completed steps."""
+        """Close the step; write what can be written; return the number of completed steps.
+
+        Only the step's times and events are kept here; its record is made when it is finalized
+        (at once for detailed and device-clock steps, else with its batch).
+        """
+        step = self.step
         t_start = self._t_start if self._t_start is not None else t_end
-        loss = self._loss
+        detailed = self.detailed(step)
+        entry: dict[str, Any] = {"step": step, "t_start": t_start, "t_end": t_end, "ev": self._ev,
+                                 "tokens": self.tokens, "comm": []}
+        if self.step_comm is not None:
+            k = self.ddp_timers_every
+            entry["read_timers"] = detailed or k == 1 or (step + self.ddp_offset) % k == 0
         # Detailed steps and device-clock ones are finalized at once; the others in batches, whose
         # one peak-memory read fills every record of the batch (`_write_ready`).
-        batched = self.device_events is None and not self.detailed(self.step)
-        record = {
-            "rank": self.rank,
-            "step": self.step,
-            "t_start": t_start,
-            "t_end": t_end,
-            "step_s": t_end - t_start,
-            "data_s": self.data_s,
-            "forward_s": self.forward_s,
-            "backward_s": self.backward_s,
-            "optimizer_s": self.optimizer_s,
-            "comm_s": 0.0,
-            "exposed_comm_s": 0.0,
-            "samples": self.samples or self.loader_samples,
-            "tokens": self.tokens or None,
-            "num_microbatches": self.microbatches or self._backwards,  # backwards, before the forward is probed
-            "loss": None,
-            "peak_mem_bytes": None if batched else self._peak_memory(),
-            "warmup": self.step < self._warmup,
-            "clock": "host",
-        }
-        entry: dict[str, Any] = {"record": record, "comm": [], "loss": loss, "marks": self._marks,
-                                 "ddp_timers": self.step_comm is not None, "read_timers": self._reads_timers()}
-        if self.device_events is not None and self._start_event is not None:
-            end_event = self.device_events.record()
-            entry["events"] = (self._start_event, end_event)
+        events = self.device_events
+        batched = events is None and not detailed
+        if not batched:
+            entry["peak"] = self._peak_memory()
+        if events is not None:
+            end_event = events.record()
+            if self._start_event is not None:
+                entry["events"] = (self._start_event, end_event)
             self._start_event = end_event  # the next step starts where this one ends
-        elif self.device_events is not None:
-            self._start_event = self.device_events.record()
         queue = self._queue
         queue.append(entry)
-        if len(queue) > 1:
+        if len(queue) > 1 and self.step_comm is not None:
             self._read_ddp_timers(queue[-2])
-        if not batched or len(queue) > FINALIZE_EVERY or t_end - queue[0]["record"]["t_end"] >= FINALIZE_AFTER_S:
+        if not batched or len(queue) > FINALIZE_EVERY or t_end - queue[0]["t_end"] >= FINALIZE_AFTER_S:
             self._collect_comm()
             self._write_ready()
-        self.step += 1
+        self.step = step = step + 1
         self._t_start = t_end
-        self._reset()
-        return self.step
+        self.tokens = 0
+        self._ev = []
+        return step
 
     def detailed(self, step: int) -> bool:
         """Whether `step` (the current one, or the next after a step boundary) has every DDP timer read."""
         return step < self._warmup + DETAILED_STEPS or (self.in_window is not None and self.in_window())
 
-    def _reads_timers(self) -> bool:
-        """Whether this step's DDP timers are read (when its record is written)."""
-        k, step = self.ddp_timers_every, self.step
-        return k == 1 or (step + self.ddp_offset) % k == 0 or self.detailed(step)
-
     def _read_ddp_timers(self, entry: dict[str, Any]) -> None:
         """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them."""
-        if entry["ddp_timers"] and entry["read_timers"] and "ddp" not in entry and self.step_comm is not None:
-            entry["ddp"] = got = self.step_comm(entry["record"]["step"], self._comm_seq, read=True)
+        if entry.get("read_timers") and "ddp" not in entry and self.step_comm is not None:
+            entry["ddp"] = got = self.step_comm(entry["step"], self._comm_seq, read=True)
             self._comm_seq += len(got[0])
 
     def _collect_comm(self) -> None:
         """Hand the collectives that arrived to their steps' entries (late ones are written alone)."""
-        by_step = {e["record"]["step"]: e for e in self._queue}
+        by_step = {e["step"]: e for e in self._queue}
         while self.comm_done:
             c = self.comm_done.popleft()
             entry = by_step.get(c["step"])
@@ -253,7 +229,7 @@ class StepTracker:
             self._writer.write("comm", c)
 
     def _ready(self, entry: dict[str, Any], *, newest: bool) -> bool:
-        if entry["ddp_timers"] and newest:
+        if "read_timers" in entry and newest:
             return False  # DDP reports a step's timers at the next forward
         events = entry.get("events")
         if events is not None and not events[1].query():
@@ -275,19 +251,62 @@ class StepTracker:
             elif not self._ready(entry, newest=newest):
                 break
             self._queue.popleft()
-            if entry["record"]["peak_mem_bytes"] is None:
+            if "peak" not in entry:
                 if not peak:
                     peak.append(self._peak_memory())
-                entry["record"]["peak_mem_bytes"] = peak[0]
+                entry["peak"] = peak[0]
             self._finalize(entry, last=newest)
             if self._writer is not None:
                 for c in entry["comm"]:
                     self._writer.write("comm", c)
                 self._writer.write("steps", entry["record"])
 
+    def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The StepRecord of a closed step, from its times and phase events (host clock)."""
+        sums = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        samples = loader_samples = forwards = backwards = 0
+        loss = None
+        marks = []
+        for phase, t0, t1, value, events in entry["ev"]:
+            sums[phase] += t1 - t0
+            if phase == "data":
+                loader_samples += value
+                continue
+            if phase == "forward":
+                samples += value
+                forwards += 1
+            elif phase == "backward":
+                backwards += 1
+                if value is not None:
+                    loss = value
+            marks.append((phase, t0, t1, *(events or (None, None))))
+        entry["marks"], entry["loss"] = marks, loss
+        step, t_start, t_end = entry["step"], entry["t_start"], entry["t_end"]
+        entry["record"] = record = {
+            "rank": self.rank,
+            "step": step,
+            "t_start": t_start,
+            "t_end": t_end,
+            "step_s": t_end - t_start,
+            "data_s": sums["data"],
+            "forward_s": sums["forward"],
+            "backward_s": sums["backward"],
+            "optimizer_s": sums["optimizer"],
+            "comm_s": 0.0,
+            "exposed_comm_s": 0.0,
+            "samples": samples or loader_samples,
+            "tokens": entry["tokens"] or None,
+            "num_microbatches": forwards or backwards,  # backwards, before the forward is probed
+            "loss": None,
+            "peak_mem_bytes": entry["peak"],
+            "warmup": step < self._warmup,
+            "clock": "host",
+        }
+        return record
+
     def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
-        record, comm = entry["record"], entry["comm"]
-        if entry["ddp_timers"] and self.step_comm is not None:
+        record, comm = self._record_of(entry), entry["comm"]
+        if "read_timers" in entry and self.step_comm is not None:
             got = entry.get("ddp")
             if got is None:  # not read: a step `ddp_timers_every` skips, or the run's last (its timers never came)
                 got = self.step_comm(record["step"], self._comm_seq, read=False)

@@ -14,11 +14,14 @@ import torch.distributed as dist
 
 from ..config import DistEnv, RunConfig
 from ..profiler import RecordWriter, SharedFields, StepTracker, SystemSampler, now, open_nvml_device
+from ..profiler._clock import offset as _clock_offset
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
 from .patches import _batch_size
 
 __all__ = ["RankRuntime", "active_runtime"]
+
+_perf, _OFF = time.perf_counter, _clock_offset()  # the forward hooks' clock: now() without its call
 
 _ACTIVE: "RankRuntime | None" = None
 
@@ -387,7 +390,7 @@ class RankRuntime:
         if self._fwd is not None:  # the last forward raised before its post hook: close its annotation
             TraceWindows.end_annotation(self._fwd[3])
         scope = self.traces.annotate("forward") if self.traces is not None and self.traces.recording else None
-        self._fwd = (now(), events.record() if events is not None else None, batch, scope)
+        self._fwd = (_perf() + _OFF, events.record() if events is not None else None, batch, scope)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling() or self._fwd is None:
@@ -395,8 +398,9 @@ class RankRuntime:
         t0, ev0, batch, scope = self._fwd
         self._fwd = None
         ev1 = self.tracker.device_events.record() if ev0 is not None else None
-        t1 = now()
-        TraceWindows.end_annotation(scope)
+        t1 = _perf() + _OFF
+        if scope is not None:
+            TraceWindows.end_annotation(scope)
         self.tracker.on_forward(t0, t1, batch, (ev0, ev1) if ev0 is not None else None)
 
     @staticmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,6 +22,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
 from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
+from ..profiler._clock import offset as clock_offset
 from ..profiler.traces import TraceWindows
 from ..strategies.collectives import HierarchicalState
 from ..strategies.ddp import comm_hook_of, ddp_kwargs
@@ -261,11 +263,14 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
     fingerprint = (DataFingerprint(rt.meta, first_step=rt.config.budget.warmup_steps, end_step=rt.budget_total)
                    if rt.config.profiler.data_fingerprint else None)
 
+    perf, off, on_data = time.perf_counter, clock_offset(), tracker.on_data
+
     def __next__(self: _BaseDataLoaderIter) -> Any:
-        t0 = now()
+        t0 = perf()
         batch = original_next(self)
+        t1 = perf()
         n = _batch_size(batch)
-        tracker.on_data(t0, now(), n)
+        on_data(t0 + off, t1 + off, n)
         if fingerprint is not None:
             fingerprint.observe(batch, n, tracker.step, self)
         if not getattr(self, "_torsh_seen", False):
@@ -330,6 +335,8 @@ def _patch_backward(rt: "RankRuntime") -> None:
     traces = rt.traces
     scaled = _patch_grad_scaler_scale()
 
+    perf, off, on_backward = time.perf_counter, clock_offset(), tracker.on_backward
+
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
@@ -345,11 +352,13 @@ def _patch_backward(rt: "RankRuntime") -> None:
         events = tracker.device_events
         scope = traces.annotate("backward") if traces is not None and traces.recording else None
         ev0 = events.record() if events is not None else None
-        t0 = now()
+        t0 = perf()
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            TraceWindows.end_annotation(scope)
+            t1 = perf()
+            if scope is not None:
+                TraceWindows.end_annotation(scope)
             # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
             # host memory on the stream now: read once the step's events completed, it needs no sync.
             keep = tracker.wants_loss() and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
@@ -357,7 +366,7 @@ def _patch_backward(rt: "RankRuntime") -> None:
             if loss is not None and ev0 is not None and loss.is_cuda:
                 loss = _pinned_copy(loss)  # ordered before the step's end event, which is waited for
             ev1 = events.record() if ev0 is not None else None
-            tracker.on_backward(t0, now(), loss, (ev0, ev1) if ev0 is not None else None)
+            on_backward(t0 + off, t1 + off, loss, (ev0, ev1) if ev0 is not None else None)
 
     torch.autograd.backward = backward
 
@@ -410,6 +419,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     tracker = rt.tracker
     traces = rt.traces
     profiled = rt.config.profiler.enabled
+    perf, off = time.perf_counter, clock_offset()
 
     def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
@@ -420,17 +430,17 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         if traces is not None and traces.recording and state["scope"] is None:
             state["scope"] = traces.annotate("optimizer")
         state["ev0"] = events.record() if events is not None else None
-        state["t0"] = now()
+        state["t0"] = perf() + off
 
     def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return
-        t1 = now()
+        t1 = perf() + off
         ev0 = state["ev0"]
         ev1 = tracker.device_events.record() if ev0 is not None else None
-        # Closed before the step boundary, which may end the window.
-        TraceWindows.end_annotation(state["scope"])
-        state["scope"] = None
+        if state["scope"] is not None:  # closed before the step boundary, which may end the window
+            TraceWindows.end_annotation(state["scope"])
+            state["scope"] = None
         tracker.on_optimizer(state["t0"], t1, (ev0, ev1) if ev0 is not None else None)
         # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:
