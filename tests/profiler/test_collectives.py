@@ -14,6 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torsh_tune.profiler.collectives import issuer_of
+from torsh_tune.profiler.steps import host_call_record
 
 
 def _fake(world_size: int = 2) -> None:
@@ -22,7 +23,8 @@ def _fake(world_size: int = 2) -> None:
 
 def _records(tracker) -> list[dict]:
     """The records handed to the tracker, each with its shared fields inlined (as written to comm.jsonl)."""
-    return [{**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in tracker.comm_done]
+    records = [host_call_record(c) if type(c) is tuple else c for c in tracker.comm_done]
+    return [{**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in records]
 
 
 def _completed(tracker, n: int) -> list[dict]:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torsh_tune.profiler import TimedCommHook, default_allreduce
+from torsh_tune.profiler.steps import host_call_record
 
 
 @pytest.fixture
@@ -48,7 +49,8 @@ def _records(tracker, n: int) -> list[dict]:
     deadline = time.monotonic() + 30
     while len(tracker.comm_done) < n and time.monotonic() < deadline:
         time.sleep(0.001)
-    return sorted(({**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in tracker.comm_done),
+    records = [host_call_record(c) if type(c) is tuple else c for c in tracker.comm_done]
+    return sorted(({**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in records),
                   key=lambda r: r["seq"])
 
 

@@ -289,13 +289,13 @@ class CollectiveCapture:
         is_compiling = torch.compiler.is_compiling
         getframe = sys._getframe
         perf, offset = time.perf_counter, _clock_offset()
-        append, next_comm = tracker.comm_done.append, tracker.next_comm
+        append = tracker.comm_done.append
         tensor_type = torch.Tensor
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             if getattr(local, "depth", 0):  # inside a captured call: an object collective's own calls
-                if i_size is not None and local.record is not None:
+                if i_size is not None and getattr(local, "record", None) is not None:
                     n, d = _nbytes_dtype(kwargs.get(size_arg) if size_arg in kwargs else
                                          args[i_size] if len(args) > i_size else None)
                     local.record["bytes"] += n
@@ -349,27 +349,28 @@ class CollectiveCapture:
                     local.depth = 0
                 self._end(record, result)
                 return result
-            shared, counts, issuer = site
-            if issuer == "torsh-tune":
+            if site[2] == "torsh-tune":
                 return original(*args, **kwargs)
+            counts = site[1]
             counts[0] += 1
             counts[1] += nbytes
-            step, seq = next_comm()
-            record = {"_s": shared, "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes}
-            local.depth, local.record = 1, None
-            t0 = perf() + offset
+            seq = tracker._comm_seq
+            tracker._comm_seq = seq + 1
+            step = tracker.step
+            local.depth = 1
+            t0 = perf()
             try:
                 result = original(*args, **kwargs)
             finally:
                 local.depth = 0
-            t1 = perf() + offset
-            record["t_issue"] = t0
-            if result is None or not async_op:  # synchronous: done on return
-                record["blocked_s"] = record["duration_s"] = t1 - t0
-                record["t_complete"] = t1
-                append(record)
+            t1 = perf()
+            if result is None or not async_op:
+                # Synchronous: done on return. Kept as a tuple (perf_counter times); the tracker makes its
+                # record when it collects it (`steps.host_call_record`), many at a time.
+                append((site, step, seq, nbytes, t0, t1))
             else:
-                record["blocked_s"] = 0.0
+                record = {"_s": site[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
+                          "t_issue": t0 + offset, "blocked_s": 0.0}
                 self._end(record, result)
             return result
 

@@ -27,10 +27,13 @@ import collections
 import resource
 from typing import Any, Callable
 
+from ._clock import offset as _clock_offset
 from ._device import DeviceEvents
 from .writer import RecordWriter
 
-__all__ = ["StepTracker"]
+__all__ = ["StepTracker", "host_call_record"]
+
+_OFFSET = _clock_offset()
 
 _PHASES = ("forward", "backward", "optimizer")
 DETAILED_STEPS = 20  # measured steps whose DDP timers are always read (profiler.ddp_timers_every)
@@ -61,8 +64,9 @@ class StepTracker:
         self._t_start: float | None = None
         self._comm_seq = 0
         # Completed collectives (or device-pending ones) arrive here, also from communication
-        # threads; deque appends are atomic.
-        self.comm_done: collections.deque[dict[str, Any]] = collections.deque()
+        # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple
+        # (`host_call_record` makes its record).
+        self.comm_done: collections.deque[dict[str, Any] | tuple] = collections.deque()
         # (step, seq) -> (step-level CommRecords, exposed comm s, timed) of collectives no hook
         # timed (DDP's builtin all-reduce, from the reducer's timers); `read=False`: the step's
         # timers are not read (the run's last step, or a step `ddp_timers_every` skips).
@@ -214,6 +218,8 @@ class StepTracker:
         by_step = {e["step"]: e for e in self._queue}
         while self.comm_done:
             c = self.comm_done.popleft()
+            if type(c) is tuple:
+                c = host_call_record(c)
             entry = by_step.get(c["step"])
             if entry is not None:
                 entry["comm"].append(c)
@@ -409,6 +415,19 @@ class StepTracker:
             if self._writer is not None:
                 self._writer.write("comm", c)
         self._late.clear()
+
+
+def host_call_record(call: tuple) -> dict[str, Any]:
+    """The CommRecord of a synchronous host-clock collective the capture kept as a tuple.
+
+    (its call site's (shared fields, counters, issuer), step, seq, bytes, perf_counter at issue,
+    at return): made here, many at a time, not in the call. Its fields are `HOST_CALL_FIELDS`,
+    in that order (the writer's template).
+    """
+    site, step, seq, nbytes, t0, t1 = call
+    d = t1 - t0
+    return {"_s": site[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
+            "t_issue": t0 + _OFFSET, "blocked_s": d, "duration_s": d, "t_complete": t1 + _OFFSET}
 
 
 def _wait_for(entry: dict[str, Any]) -> None:
