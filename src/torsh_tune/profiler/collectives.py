@@ -333,7 +333,8 @@ class CollectiveCapture:
                 on_cuda, self._on_cuda = self._on_cuda, None
                 on_cuda()
             # The common call (a known call site, group and dtype; host clock; not a DDP bucket's): one
-            # lookup for its shared fields, the record built here. Anything else goes through _begin/_end.
+            # lookup for its shared fields, counters and issuer, and (synchronous) a tuple for the tracker.
+            # Anything else goes through _begin/_end.
             site = sites.get((frame.f_code, id(frame.f_globals), id(group), dtype, async_op))
             if site is None or tracker.device_events is not None or getattr(local, "bucket", None) is not None:
                 issuer = _caller_issuer(frame) if site is None else site[2]
