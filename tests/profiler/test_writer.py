@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from torsh_tune.profiler.writer import RecordWriter, SharedFields
+from torsh_tune.profiler.writer import HOST_CALL_FIELDS, RecordWriter, SharedFields
 from torsh_tune.rundir import RunDir
 
 
@@ -32,6 +32,32 @@ def test_shared_fields_are_written_once_per_record_with_its_own_fields(tmp_path)
     ]
     assert _lines(run, "steps") == [{"rank": 0, "step": 3}]
     assert shared["issuer"] == "user"  # readers in the process see the fields as a dict
+
+
+def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_write_it(tmp_path):
+    # A synchronous host-clock collective's record (steps.host_call_record) takes the template; the same
+    # fields in another order, or a record with one more field, take the encoder: the lines read the same.
+    from torsh_tune.profiler.steps import host_call_record
+
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=60)
+    shared = SharedFields({"rank": 1, "collective": "all_reduce", "group_ranks": [0, 1], "async_op": False,
+                           "dtype": "float32", "bucket": -1})
+    call = host_call_record(((shared, [0, 0], "user"), 4, 9, 4096, 10.000001, 10.0000135))
+    assert call.pop("_s") is shared and tuple(call) == HOST_CALL_FIELDS
+    other = dict(reversed(list(call.items())))
+    longer = {**call, "grad_bytes": 4096}
+    bare = {"step": 0, "seq": 0, "bytes": 8, "wire_bytes": 8, "t_issue": 1.5, "blocked_s": 0.25,
+            "duration_s": 0.25, "t_complete": 1.75}
+    for record, fields in ((call, shared), (other, shared), (longer, shared), (bare, SharedFields({}))):
+        writer.write("comm", {"_s": fields, **record})
+    writer.close()
+    lines = run.rank_file(0, "comm").read_text().splitlines()
+    assert lines[0].startswith('{"rank":1,') and lines[3].startswith('{"step":0,')
+    got = [json.loads(line) for line in lines]
+    assert got[0] == got[1] == {**shared, **call} and got[2] == {**shared, **longer} and got[3] == bare
+    assert got[0]["blocked_s"] == got[0]["duration_s"] == pytest.approx(12.5e-6)
+    assert lines[0] == shared.template % tuple(call.values())  # the template's own line
 
 
 def test_the_writer_thread_writes_within_the_interval_and_loses_nothing_written_meanwhile(tmp_path):

@@ -32,11 +32,12 @@ class SharedFields(dict):
         self.json = _encode(fields)[1:-1]
         # The line of a record with exactly the fields `HOST_CALL_FIELDS` (a synchronous call on the host
         # clock, the most common collective record), by one `%`: no encoder call per record.
-        self.template = "{" + self.json + "".join(f',"{k}":%{c}' for k, c in _HOST_CALL_FORMAT) + "}"
+        own = ",".join(f'"{k}":%{c}' for k, c in _HOST_CALL_FORMAT)
+        self.template = "{" + (self.json + "," if self.json else "") + own + "}"
 
 
-# The per-call fields of a synchronous host-clock collective's record, in the order the capture sets them,
-# and how each is written (%d: an int; %r: a float, as json writes a finite one).
+# The per-call fields of a synchronous host-clock collective's record, in the order `steps.host_call_record`
+# sets them, and how each is written (%d: an int; %r: a float, as json writes a finite one).
 _HOST_CALL_FORMAT = (("step", "d"), ("seq", "d"), ("bytes", "d"), ("wire_bytes", "d"), ("t_issue", "r"),
                      ("blocked_s", "r"), ("duration_s", "r"), ("t_complete", "r"))
 HOST_CALL_FIELDS = tuple(k for k, _ in _HOST_CALL_FORMAT)
