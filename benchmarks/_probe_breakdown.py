@@ -107,13 +107,14 @@ def instrument_before_install() -> None:
     torch.autograd.backward = timed("torch: autograd.backward (original)", torch.autograd.backward)
     _BaseDataLoaderIter.__next__ = timed("torch: DataLoader __next__ (original)", _BaseDataLoaderIter.__next__)
 
-    # torsh_tune's probe functions.
-    for attr in ("end_step", "_collect_comm", "_write_ready", "_finalize", "on_collective", "on_data", "on_forward",
-                 "on_backward", "on_optimizer", "next_comm", "_finish_comm"):
+    # torsh_tune's probe functions (the phase probes append to StepTracker.events themselves: no call to time).
+    for attr in ("end_step", "_collect_comm", "_write_ready", "_finalize", "on_collective", "next_comm",
+                 "_finish_comm"):
         _patch_method(steps.StepTracker, attr, f"StepTracker.{attr}")
     steps._comm_times = timed("steps._comm_times", steps._comm_times)
     steps._peak_rss_bytes = timed("steps._peak_rss_bytes (getrusage)", steps._peak_rss_bytes)
-    _patch_method(writer.RecordWriter, "write", "RecordWriter.write (json.dumps + append)")
+    _patch_method(writer.RecordWriter, "write", "RecordWriter.write (append)")
+    _patch_method(writer.RecordWriter, "write_calls", "RecordWriter.write_calls (extend)")
     _patch_method(writer.RecordWriter, "_flush", "RecordWriter._flush (file write, ~1/s)")
     for attr in ("_begin", "_end", "_group"):
         _patch_method(collectives.CollectiveCapture, attr, f"CollectiveCapture.{attr}")

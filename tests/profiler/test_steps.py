@@ -64,16 +64,28 @@ def _comm(t_issue, t_complete, *, issuer="user", async_op=False, blocked_s=0.0, 
 
 
 # -- host clock ---------------------------------------------------------------------------
+
+class _Recording:
+    """What the tracker reads of a TraceWindows: `recording`, here while its step is in `window`."""
+
+    def __init__(self, tracker, window):
+        self._tracker, self._window = tracker, window
+
+    @property
+    def recording(self):
+        return self._tracker.step in self._window
+
+
 def test_a_step_runs_from_the_previous_end_and_sums_its_phases(run, writer):
     tracker = _tracker(writer)
-    assert tracker.wants_loss()  # step 0 of loss_every=2
+    assert tracker.loss_due  # step 0 of loss_every=2
     tracker.on_data(10.0, 10.25, 8)
     tracker.on_forward(10.25, 10.75, 8)
     tracker.on_backward(10.75, 11.5, torch.tensor(0.5))
     tracker.on_optimizer(11.5, 11.75)
     tracker.on_optimizer(11.75, 12.0)  # a second optimizer in the same iteration: the same step
     assert tracker.end_step(12.0) == 1
-    assert not tracker.wants_loss()
+    assert not tracker.loss_due
     # Gradient accumulation before the forward is probed: micro-batches are the backwards, samples the loader's.
     tracker.on_data(12.25, 12.5, 4)
     tracker.on_backward(12.5, 13.0, None)
@@ -190,16 +202,16 @@ def _step(**fields) -> dict:
 
 def test_ddp_buckets_expose_what_runs_after_the_last_bucket_is_issued():
     comm = [_comm(11.25, 11.75, issuer="ddp", async_op=True), _comm(11.5, 12.25, issuer="ddp", async_op=True)]
-    total, exposed, in_phase = _comm_times(comm, _step(), PHASES, 0.0)
+    total, exposed, in_phase = _comm_times(comm, [], _step(), PHASES, 0.0)
     assert (total, exposed, in_phase) == (1.0, 0.75, {"forward": 0.0, "backward": 0.75, "optimizer": 0.0})
     # Never more than the backward it lies in.
-    total, exposed, in_phase = _comm_times(comm, _step(backward_s=0.5), PHASES, 0.0)
+    total, exposed, in_phase = _comm_times(comm, [], _step(backward_s=0.5), PHASES, 0.0)
     assert (exposed, in_phase["backward"]) == (0.5, 0.5)
 
 
 def test_the_reducers_builtin_record_counts_its_timers_exposure_only():
     builtin = _comm(11.0, 12.5, issuer="ddp", async_op=True, hook="builtin")
-    assert _comm_times([builtin], _step(), PHASES, 0.25) == (1.5, 0.25, {"forward": 0.0, "backward": 0.25,
+    assert _comm_times([builtin], [], _step(), PHASES, 0.25) == (1.5, 0.25, {"forward": 0.0, "backward": 0.25,
                                                                           "optimizer": 0.0})
 
 
@@ -207,15 +219,37 @@ def test_host_clock_collectives_expose_the_time_the_thread_blocked():
     sync = _comm(10.75, 11.5, blocked_s=0.75)  # blocked from its issue: 0.25 forward, 0.5 backward
     waited = _comm(11.0, 12.5, async_op=True, blocked_s=0.25)  # Work.wait() until completion: 12.25-12.5
     never_waited = _comm(10.0, 12.0, async_op=True)  # a future chained by the script: overlapped
-    total, exposed, in_phase = _comm_times([sync, waited, never_waited], _step(), PHASES, 0.0)
+    total, exposed, in_phase = _comm_times([sync, waited, never_waited], [], _step(), PHASES, 0.0)
     assert (total, exposed) == (2.5, 1.0)
     assert in_phase == {"forward": 0.25, "backward": 0.5, "optimizer": 0.25}
     # What the step waited for is never more than the step.
-    assert _comm_times([_comm(10.0, 15.0, blocked_s=5.0)], _step(), PHASES, 0.0)[1] == 3.0
+    assert _comm_times([_comm(10.0, 15.0, blocked_s=5.0)], [], _step(), PHASES, 0.0)[1] == 3.0
     # A collective never seen complete counts for nothing.
-    assert _comm_times([_comm(10.0, None)], _step(), PHASES, 0.0) == (0.0, 0.0, dict.fromkeys(("forward", "backward",
+    assert _comm_times([_comm(10.0, None)], [], _step(), PHASES, 0.0) == (0.0, 0.0, dict.fromkeys(("forward", "backward",
                                                                                                   "optimizer"), 0.0))
 
+
+
+def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():
+    from torsh_tune.profiler import SharedFields
+    from torsh_tune.profiler.steps import _OFFSET, host_call_record
+
+    def call(t0, t1, issuer="user"):  # as the capture's fast path keeps it: perf_counter times
+        shared = SharedFields({"rank": 3, "collective": "all_reduce", "issuer": issuer, "async_op": False,
+                               "clock": "host"})
+        return ((shared, [0, 0], issuer), 0, 0, 64, t0 - _OFFSET, t1 - _OFFSET)
+
+    calls = [call(10.75, 11.5), call(12.3, 12.4), call(11.25, 11.75, issuer="ddp"), call(12.5, 12.5)]
+    records = [host_call_record(c) for c in calls]
+    for step in (_step(), _step(clock="device")):
+        (total, exposed, in_phase), expected = _comm_times([], calls, step, PHASES, 0.0), _comm_times(records, [], step,
+                                                                                                    PHASES, 0.0)
+        assert (total, exposed) == pytest.approx(expected[:2], abs=1e-6)
+        assert in_phase == pytest.approx(expected[2], abs=1e-6)
+    total, exposed, in_phase = _comm_times([], calls, _step(), PHASES, 0.0)
+    # (the times went through perf_counter's offset: equal to a microsecond)
+    assert (total, exposed) == pytest.approx((1.1, 0.75 + 0.1 + 0.5), abs=1e-6)  # ddp: from its last issue to its end
+    assert in_phase == pytest.approx({"forward": 0.25, "backward": 1.0, "optimizer": 0.1}, abs=1e-6)
 
 def test_device_clock_collectives_block_only_synchronously_on_the_default_stream():
     def device(stream, async_op, rel):
@@ -226,7 +260,7 @@ def test_device_clock_collectives_block_only_synchronously_on_the_default_stream
     side = device("side", False, (0.25, 1.0))  # FSDP2's side stream: overlapped
     async_default = device("default", True, (2.25, 2.5))
     comm = [sync_default, side, async_default]
-    total, exposed, in_phase = _comm_times(comm, _step(clock="device"), PHASES, 0.0)
+    total, exposed, in_phase = _comm_times(comm, [], _step(clock="device"), PHASES, 0.0)
     assert (total, exposed, in_phase) == (1.5, 0.5, {"forward": 0.0, "backward": 0.5, "optimizer": 0.0})
     # Rewritten onto the step's device timeline, anchored at its host start.
     assert [(c["t_start"], c["t_complete"]) for c in comm] == [(11.5, 12.0), (10.25, 11.0), (12.25, 12.5)]
@@ -348,7 +382,7 @@ def test_ddp_timers_are_read_in_the_warmup_the_first_measured_steps_and_windows_
     tracker = _tracker(writer, warmup_steps=2)
     tracker.step_comm, tracker.ddp_timers_every = step_comm, 4
     window = range(31, 34)  # a trace window over steps 31-33: the self-check compares every one of them
-    tracker.in_window = lambda: tracker.step in window
+    tracker.windows = _Recording(tracker, window)
     n = 2 + DETAILED_STEPS + 20
     for i in range(n):
         tracker.on_forward(10.0 + i, 10.5 + i, 2)
@@ -374,7 +408,7 @@ def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_
     tracker = _tracker(writer, warmup_steps=2, peak_memory=peak)
     detailed = 2 + DETAILED_STEPS
     window = range(detailed + 20, detailed + 22)  # a trace window: every step of it is written at once
-    tracker.in_window = lambda: tracker.step in window
+    tracker.windows = _Recording(tracker, window)
     written = []
     for i in range(detailed + 40):  # 10 ms steps: a batch is 16 steps, never what waited FINALIZE_AFTER_S
         t = 10.0 + 0.01 * i
@@ -415,3 +449,33 @@ def test_slow_steps_are_not_held_back_by_the_batch(run, writer):
         tracker.end_step(t + 0.2)
         waiting.append(len(tracker._queue))
     assert waiting[DETAILED_STEPS:] == [1, 2, 0, 1, 2, 0]
+
+
+def test_blocked_time_is_split_over_phases_as_a_comparison_of_every_pair_would():
+    import random
+
+    from torsh_tune.profiler.steps import _split_over_phases
+
+    def every_pair(blocked, phases):
+        out = dict.fromkeys(("forward", "backward", "optimizer"), 0.0)
+        for s, e in blocked:
+            for phase, p0, p1 in phases:
+                if p1 > s and p0 < e and p1 > p0:
+                    out[phase] += min(p1, e) - max(p0, s)
+        return out
+
+    rng = random.Random(0)
+    for trial in range(300):
+        t, calls = 10.0, []
+        for _ in range(rng.randrange(0, 40)):  # one thread's calls: one after another
+            t += rng.choice((0.0, rng.random()))
+            calls.append((t, t + rng.random()))
+            t = calls[-1][1]
+        if trial % 3 == 0 and calls:  # and, a third of the time, an async wait around some of them
+            calls.append((calls[0][0] - 0.5, calls[-1][1]))
+        rng.shuffle(calls)
+        phases = [(rng.choice(("forward", "backward", "optimizer")), a, a + rng.random() * 5)
+                  for a in (10.0 + rng.random() * t for _ in range(rng.randrange(1, 6)))]
+        got = dict.fromkeys(("forward", "backward", "optimizer"), 0.0)
+        _split_over_phases(list(calls), phases, got)
+        assert got == pytest.approx(every_pair(calls, phases), abs=1e-9)

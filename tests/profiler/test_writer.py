@@ -35,15 +35,17 @@ def test_shared_fields_are_written_once_per_record_with_its_own_fields(tmp_path)
 
 
 def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_write_it(tmp_path):
-    # A synchronous host-clock collective's record (steps.host_call_record) takes the template; the same
-    # fields in another order, or a record with one more field, take the encoder: the lines read the same.
+    # A synchronous host-clock collective's record (steps.host_call_record), or its tuple itself, takes the
+    # template; the same fields in another order, or a record with one more field, take the encoder: the
+    # lines read the same.
     from torsh_tune.profiler.steps import host_call_record
 
     run = RunDir(tmp_path / "run")
     writer = RecordWriter(run, 0, flush_interval_s=60)
     shared = SharedFields({"rank": 1, "collective": "all_reduce", "group_ranks": [0, 1], "async_op": False,
                            "dtype": "float32", "bucket": -1})
-    call = host_call_record(((shared, [0, 0], "user"), 4, 9, 4096, 10.000001, 10.0000135))
+    kept = ((shared, [0, 0], "user"), 4, 9, 4096, 10.000001, 10.0000135)  # as the capture keeps the call
+    call = host_call_record(kept)
     assert call.pop("_s") is shared and tuple(call) == HOST_CALL_FIELDS
     other = dict(reversed(list(call.items())))
     longer = {**call, "grad_bytes": 4096}
@@ -51,9 +53,11 @@ def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_writ
             "duration_s": 0.25, "t_complete": 1.75}
     for record, fields in ((call, shared), (other, shared), (longer, shared), (bare, SharedFields({}))):
         writer.write("comm", {"_s": fields, **record})
+    writer.write_calls([kept])  # the tuple itself, as a step's calls are written
     writer.close()
     lines = run.rank_file(0, "comm").read_text().splitlines()
     assert lines[0].startswith('{"rank":1,') and lines[3].startswith('{"step":0,')
+    assert lines[4] == lines[0]
     got = [json.loads(line) for line in lines]
     assert got[0] == got[1] == {**shared, **call} and got[2] == {**shared, **longer} and got[3] == bare
     assert got[0]["blocked_s"] == got[0]["duration_s"] == pytest.approx(12.5e-6)

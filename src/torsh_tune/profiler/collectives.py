@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ._clock import now, offset as _clock_offset
+from ._compiling import flags, traced
 from .steps import StepTracker
 from .writer import SharedFields
 
@@ -286,7 +287,6 @@ class CollectiveCapture:
         tracker = self.tracker
         sites: dict[tuple, tuple[SharedFields, list[int], str]] = {}  # this function's call sites
         self._sites.append(sites)
-        is_compiling = torch.compiler.is_compiling
         getframe = sys._getframe
         perf, offset = time.perf_counter, _clock_offset()
         append = tracker.comm_done.append
@@ -302,7 +302,7 @@ class CollectiveCapture:
                     local.record["wire_bytes"] += n
                     local.dtype = local.dtype or d
                 return original(*args, **kwargs)
-            if is_compiling():
+            if traced() or flags._is_compiling_flag:
                 return original(*args, **kwargs)
             frame = getframe(1)
             group = kwargs.get("group") if "group" in kwargs else (

@@ -1,7 +1,8 @@
 """Per-step accounting on the training thread: phases, samples, loss, memory, communication.
 
-The patches in `runtime` call the `on_*` methods; `end_step` closes a step, and the step's
-StepRecord line and its CommRecord lines are written once they can be known:
+The phase probes in `runtime` append their phase events to `events` (the `on_*` methods do the
+same for other callers); `end_step` closes a step, and the step's StepRecord line and its
+CommRecord lines are written once they can be known:
 
 - Host clock (CPU, or before the run is known to train on CUDA): at once, or one step
   later where DDP's builtin all-reduce is timed by the reducer's own timers (reported at
@@ -23,13 +24,14 @@ while they are still DDP's latest.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import resource
 from typing import Any, Callable
 
 from ._clock import offset as _clock_offset
 from ._device import DeviceEvents
-from .writer import RecordWriter
+from .writer import HOST_CALL_FIELDS, RecordWriter, host_call_values
 
 __all__ = ["StepTracker", "host_call_record"]
 
@@ -59,9 +61,12 @@ class StepTracker:
         self.step = 0
         self._writer = writer
         self._warmup = warmup_steps
+        self._detailed_until = warmup_steps + DETAILED_STEPS
         self._loss_every = loss_every
         self._peak_memory = peak_memory or _peak_rss_bytes
         self._t_start: float | None = None
+        self.idle = True  # no phase yet in this run: the first one calls `mark_activity`
+        self.loss_due = True  # whether the current step reads its loss: step % loss_every == 0
         self._comm_seq = 0
         # Completed collectives (or device-pending ones) arrive here, also from communication
         # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple
@@ -72,9 +77,10 @@ class StepTracker:
         # timers are not read (the run's last step, or a step `ddp_timers_every` skips).
         self.step_comm: Callable[..., tuple[list[dict[str, Any]], float, bool]] | None = None
         # Which steps' DDP timers are read (`profiler.ddp_timers_every`): every step of the warm-up,
-        # the first DETAILED_STEPS measured ones and every trace window (`in_window`), then every k-th.
+        # the first DETAILED_STEPS measured ones and every step a trace window records (`windows`), then
+        # every k-th.
         self.ddp_timers_every = 1
-        self.in_window: Callable[[], bool] | None = None
+        self.windows: Any = None  # the rank's TraceWindows (its `recording`), when it has any
         # DDP's iteration (1-based sync forwards) minus the step (RankRuntime.ddp_step_comm learns it):
         # past the detailed steps DDP collects its timers at iterations that are multiples of k.
         self.ddp_offset = 1
@@ -94,6 +100,7 @@ class StepTracker:
         """Steps before `until` are warm-up too; returns how many steps that added."""
         added = max(0, until - self._warmup)
         self._warmup += added
+        self._detailed_until = self._warmup + DETAILED_STEPS
         return added
 
     def use_device_clock(self, peak_memory: Callable[[], int] | None = None) -> None:
@@ -107,16 +114,20 @@ class StepTracker:
         self.tokens = 0
         # The step's phase events, in order: (phase, host t0, host t1, value, (start event, end event) or
         # None on the host clock); value: the batch size (data, forward), the loss or None (backward).
-        # Sums, samples and the record are made from them when the step is finalized.
-        self._ev: list[tuple[str, float, float, Any, Any]] = []
+        # Sums, samples and the record are made from them when the step is finalized. The probes
+        # append to it themselves (one list append, no Python call, on the hot path), after calling
+        # `mark_activity` while `idle`, as the `on_*` methods do.
+        self.events: list[tuple[str, float, float, Any, Any]] = []
 
     @property
     def microbatches(self) -> int:
         """Forwards probed in the current step so far."""
-        return sum(1 for e in self._ev if e[0] == "forward")
+        return sum(1 for e in self.events if e[0] == "forward")
 
-    # -- phase hooks (training thread) ----------------------------------------------
+    # -- phase events (training thread; the probes append to `events` directly) -------
     def mark_activity(self, t: float) -> None:
+        """The run's first phase began at `t`: the first step starts there (on CUDA, with an event)."""
+        self.idle = False
         if self._t_start is None:
             self._t_start = t
             if self.device_events is not None and self._start_event is None:
@@ -131,28 +142,26 @@ class StepTracker:
             self._start_event = self.device_events.record()
 
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
-        if self._t_start is None:
+        if self.idle:
             self.mark_activity(t0)
-        self._ev.append(("data", t0, t1, batch_size, None))
+        self.events.append(("data", t0, t1, batch_size, None))
 
     def on_forward(self, t0: float, t1: float, batch_size: int, events: tuple[Any, Any] | None = None) -> None:
-        if self._t_start is None:
+        if self.idle:
             self.mark_activity(t0)
-        self._ev.append(("forward", t0, t1, batch_size, events))
+        self.events.append(("forward", t0, t1, batch_size, events))
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
 
-    def wants_loss(self) -> bool:
-        return self.step % self._loss_every == 0
-
     def on_backward(self, t0: float, t1: float, loss: Any, events: tuple[Any, Any] | None = None) -> None:
-        if self._t_start is None:
+        """`loss`: the step's loss (a detached scalar tensor) where `loss_due`, else None."""
+        if self.idle:
             self.mark_activity(t0)
-        self._ev.append(("backward", t0, t1, loss, events))
+        self.events.append(("backward", t0, t1, loss, events))
 
     def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
-        self._ev.append(("optimizer", t0, t1, None, events))
+        self.events.append(("optimizer", t0, t1, None, events))
 
     def next_comm(self) -> tuple[int, int]:
         """(step, seq) for a collective issued now."""
@@ -171,11 +180,13 @@ class StepTracker:
         Only the step's times and events are kept here; its record is made when it is finalized
         (at once for detailed and device-clock steps, else with its batch).
         """
-        step = self.step
+        step, ev = self.step, self.events
         t_start = self._t_start if self._t_start is not None else t_end
-        detailed = self.detailed(step)
-        entry: dict[str, Any] = {"step": step, "t_start": t_start, "t_end": t_end, "ev": self._ev,
-                                 "tokens": self.tokens, "comm": []}
+        windows = self.windows
+        detailed = step < self._detailed_until or (windows is not None and windows.recording)
+        # comm: its CommRecords; calls: its synchronous host-clock calls, as the capture's tuples
+        entry: dict[str, Any] = {"step": step, "t_start": t_start, "t_end": t_end, "ev": ev,
+                                 "tokens": self.tokens, "comm": [], "calls": []}
         if self.step_comm is not None:
             k = self.ddp_timers_every
             entry["read_timers"] = detailed or k == 1 or (step + self.ddp_offset) % k == 0
@@ -198,14 +209,15 @@ class StepTracker:
             self._collect_comm()
             self._write_ready()
         self.step = step = step + 1
+        self.loss_due = step % self._loss_every == 0
         self._t_start = t_end
         self.tokens = 0
-        self._ev = []
+        self.events = []
         return step
 
     def detailed(self, step: int) -> bool:
         """Whether `step` (the current one, or the next after a step boundary) has every DDP timer read."""
-        return step < self._warmup + DETAILED_STEPS or (self.in_window is not None and self.in_window())
+        return step < self._detailed_until or (self.windows is not None and self.windows.recording)
 
     def _read_ddp_timers(self, entry: dict[str, Any]) -> None:
         """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them."""
@@ -218,7 +230,11 @@ class StepTracker:
         by_step = {e["step"]: e for e in self._queue}
         while self.comm_done:
             c = self.comm_done.popleft()
-            if type(c) is tuple:
+            if type(c) is tuple:  # a synchronous host-clock call: it stays a tuple in its step
+                entry = by_step.get(c[1])
+                if entry is not None:
+                    entry["calls"].append(c)
+                    continue
                 c = host_call_record(c)
             entry = by_step.get(c["step"])
             if entry is not None:
@@ -265,6 +281,8 @@ class StepTracker:
             if self._writer is not None:
                 for c in entry["comm"]:
                     self._writer.write("comm", c)
+                if entry["calls"]:
+                    self._writer.write_calls(entry["calls"])
                 self._writer.write("steps", entry["record"])
 
     def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +371,7 @@ class StepTracker:
         # A closure-style optimizer (Lightning's `optimizer.step(closure)`) runs forward and backward
         # inside the optimizer step: the optimizer phase is what is left of it.
         record["optimizer_s"] = sum(t1 - t0 for p, t0, t1 in spans if p == "optimizer")
-        comm_s, exposed, in_phase = _comm_times(comm, record, spans, entry.get("ddp_exposed", 0.0))
+        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0))
         record["comm_s"], record["exposed_comm_s"] = comm_s, exposed
         for phase in _PHASES:
             record[phase + "_exposed_comm_s"] = in_phase[phase]
@@ -418,16 +436,12 @@ class StepTracker:
 
 
 def host_call_record(call: tuple) -> dict[str, Any]:
-    """The CommRecord of a synchronous host-clock collective the capture kept as a tuple.
+    """The CommRecord of a synchronous host-clock collective the capture kept as a tuple (`host_call_values`).
 
-    (its call site's (shared fields, counters, issuer), step, seq, bytes, perf_counter at issue,
-    at return): made here, many at a time, not in the call. Its fields are `HOST_CALL_FIELDS`,
-    in that order (the writer's template).
+    Its step's accounting and the writer use the tuple itself; this record is made only for a
+    call that arrives after its step was written, and for readers in tests.
     """
-    site, step, seq, nbytes, t0, t1 = call
-    d = t1 - t0
-    return {"_s": site[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
-            "t_issue": t0 + _OFFSET, "blocked_s": d, "duration_s": d, "t_complete": t1 + _OFFSET}
+    return {"_s": call[0][0], **dict(zip(HOST_CALL_FIELDS, host_call_values(call)))}
 
 
 def _wait_for(entry: dict[str, Any]) -> None:
@@ -477,8 +491,8 @@ def _union(spans: list[tuple[float, float]]) -> float:
     return total + cur_e - cur_s
 
 
-def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list[tuple[str, float, float]],
-                ddp_exposed: float) -> tuple[float, float, dict[str, float]]:
+def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str, Any],
+                phases: list[tuple[str, float, float]], ddp_exposed: float) -> tuple[float, float, dict[str, float]]:
     """(union of the step's collective intervals, exposed communication, exposed comm inside each phase).
 
     Exposed communication is what the step waited for:
@@ -489,6 +503,8 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
       time the training thread blocked in it (a synchronous call, or `Work.wait()`); on
       the device clock, a synchronous collective on the default stream holds that stream
       for its whole duration, one issued on a side stream (FSDP2's) overlaps.
+    `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
+    blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
     the record's timeline), so that phase compute = phase time - its exposed comm.
     Rewrites each device-clock record's t_start/t_complete onto the step's device timeline
@@ -521,6 +537,14 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
             # A synchronous call blocks from its issue; a wait() blocks until the completion.
             b = c["blocked_s"]
             blocked.append((s, s + b) if not shared["async_op"] else (e - b, e))
+    if calls:  # many per step: comprehensions, not a loop of appends
+        intervals = [(c[4] + _OFFSET, c[5] + _OFFSET) for c in calls]
+        spans += intervals
+        if "ddp" in {c[0][2] for c in calls}:  # a site's issuer: DDP's own synchronous calls (buffers, checks)
+            ddp += [iv for c, iv in zip(calls, intervals) if c[0][2] == "ddp"]
+            intervals = [iv for c, iv in zip(calls, intervals) if c[0][2] != "ddp"]
+        if not device:
+            blocked += [iv for iv in intervals if iv[1] > iv[0]]
     in_phase = dict.fromkeys(_PHASES, 0.0)
     ddp_s = ddp_exposed
     if ddp:
@@ -528,15 +552,38 @@ def _comm_times(comm: list[dict[str, Any]], record: dict[str, Any], phases: list
     if record["backward_s"]:
         ddp_s = min(ddp_s, record["backward_s"])
     in_phase["backward"] += ddp_s
-    exposed = ddp_s + sum(e - s for s, e in blocked)
-    for s, e in blocked:
-        for phase, p0, p1 in phases:
-            if p1 > s and p0 < e and p1 > p0:  # overlaps (a call usually lies in one phase: the others cost compares)
-                in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
+    exposed = ddp_s + sum([e - s for s, e in blocked])
+    _split_over_phases(blocked, phases, in_phase)
     total = _union(spans)
     if record["step_s"] > 0:
         exposed = min(exposed, record["step_s"])
     return total, max(0.0, exposed), in_phase
+
+
+def _split_over_phases(blocked: list[tuple[float, float]], phases: list[tuple[str, float, float]],
+                       in_phase: dict[str, float]) -> None:
+    """Add to `in_phase` the part of each blocked interval that lies in each phase (overlapping phases each count it).
+
+    The common case, one thread's synchronous calls one after another (sorted, disjoint), takes a
+    binary search per phase for the calls it holds; anything else compares every pair.
+    """
+    blocked.sort()
+    ends = [e for _, e in blocked]
+    if ends != sorted(ends):  # an interval inside another (an async wait around synchronous calls)
+        for s, e in blocked:
+            for phase, p0, p1 in phases:
+                if p1 > s and p0 < e and p1 > p0:
+                    in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
+        return
+    for phase, p0, p1 in phases:
+        if p1 <= p0:
+            continue
+        # the intervals that end after the phase starts, up to the first that starts after it ends
+        for k in range(bisect.bisect_right(ends, p0), len(blocked)):
+            s, e = blocked[k]
+            if s >= p1:
+                break
+            in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
 
 
 def _peak_rss_bytes() -> int:

@@ -124,6 +124,9 @@ class TraceWindows:
         self._every = config.trace_every
         self._anomaly = config.trace_on_anomaly
         self._open: _Window | None = None
+        # A window is open: phase probes annotate their phases. An attribute, not a property: the
+        # probes read it at every phase, and a property is one more Python call on the hot path.
+        self.recording = False
         self._last_t: float | None = None
         self._history: deque[float] = deque(maxlen=_HISTORY_STEPS)
         self._outside_s: list[float] = []  # every outside-window step after warm-up (the cost reference)
@@ -137,10 +140,6 @@ class TraceWindows:
             # Step 0 has no boundary before it: its window starts now, before the script runs.
             self._begin(_Window(0, self._explicit[1], "explicit", None), now())
 
-    @property
-    def recording(self) -> bool:
-        """A window is open: phase probes annotate their phases."""
-        return self._open is not None
 
     def annotate(self, phase: str) -> Any:
         """Open `phase`'s annotation in the window being recorded; None outside windows.
@@ -262,7 +261,7 @@ class TraceWindows:
             self._note(f"trace window {window.name} not started: {type(exc).__name__}: {exc}")
             return
         window.start_s = time.perf_counter() - t0
-        self._open = window
+        self._open, self.recording = window, True
         if window.start > 0 and self._restart_step_clock is not None:
             # Starting ran between two steps (CUPTI's start on a GPU: tens of ms): the first traced
             # step record starts after it, as its ProfilerStep# does; the window's capture cost
@@ -270,7 +269,7 @@ class TraceWindows:
             self._restart_step_clock(now())
 
     def _end(self, *, truncated: bool) -> None:
-        window, self._open = self._open, None
+        window, self._open, self.recording = self._open, None, False
         assert window is not None
         record: dict[str, Any] = {
             "window": window.name,

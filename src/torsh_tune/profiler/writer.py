@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import RunDir
+from ._clock import offset as _clock_offset
 
-__all__ = ["RecordWriter", "SharedFields"]
+__all__ = ["RecordWriter", "SharedFields", "host_call_values"]
+
+_OFFSET = _clock_offset()
 
 # One encoder for every record: json.dumps with non-default separators builds a new encoder per call.
 _encode = json.JSONEncoder(separators=(",", ":")).encode
@@ -43,17 +46,31 @@ _HOST_CALL_FORMAT = (("step", "d"), ("seq", "d"), ("bytes", "d"), ("wire_bytes",
 HOST_CALL_FIELDS = tuple(k for k, _ in _HOST_CALL_FORMAT)
 
 
+def host_call_values(call: tuple) -> tuple:
+    """The `HOST_CALL_FIELDS` values of a synchronous host-clock call the capture kept as a tuple.
+
+    The tuple: (its call site's (shared fields, counters, issuer), step, seq, bytes, perf_counter
+    at issue, at return). Such a call is written from its tuple (`RecordWriter.write_calls`);
+    `steps.host_call_record` makes a CommRecord of it where one is needed.
+    """
+    _, step, seq, nbytes, t0, t1 = call
+    d = t1 - t0
+    return step, seq, nbytes, nbytes, t0 + _OFFSET, d, d, t1 + _OFFSET
+
+
 class _Stream:
     __slots__ = ("path", "file", "pending", "lock")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file = None
-        self.pending: list[dict[str, Any]] = []  # records not yet encoded (list.append is atomic)
+        self.pending: list[dict[str, Any] | tuple] = []  # records not yet encoded (list.append is atomic)
         self.lock = threading.Lock()  # one encoder and file writer at a time
 
 
-def _line(record: dict[str, Any]) -> str:
+def _line(record: dict[str, Any] | tuple) -> str:
+    if type(record) is tuple:  # a synchronous host-clock call (`host_call_values`)
+        return record[0][0].template % host_call_values(record)
     shared = record.pop("_s", None)
     if shared is not None and tuple(record) == HOST_CALL_FIELDS and type(record["bytes"]) is int:
         return shared.template % tuple(record.values())
@@ -90,6 +107,10 @@ class RecordWriter:
     def write(self, kind: str, record: dict[str, Any]) -> None:
         """Queue one record (its `_s` shared fields are encoded with it); the writer thread writes it."""
         self._streams[kind].pending.append(record)
+
+    def write_calls(self, calls: list[tuple]) -> None:
+        """Queue the CommRecords of synchronous host-clock calls, as the capture kept them (`host_call_values`)."""
+        self._streams["comm"].pending.extend(calls)
 
     def flush(self) -> None:
         """Write every queued record now, on the calling thread."""

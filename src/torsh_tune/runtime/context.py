@@ -15,6 +15,7 @@ import torch.distributed as dist
 from ..config import DistEnv, RunConfig
 from ..profiler import RecordWriter, SharedFields, StepTracker, SystemSampler, now, open_nvml_device
 from ..profiler._clock import offset as _clock_offset
+from ..profiler._compiling import flags, traced
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
 from .patches import _batch_size
@@ -96,8 +97,7 @@ class RankRuntime:
                 # Export runs between two steps; the next step record starts after it.
                 restart_step_clock=self.tracker.restart_clock,
             )
-            traces = self.traces
-            self.tracker.in_window = lambda: traces.recording  # a traced step's timers are read: the self-check
+            self.tracker.windows = self.traces  # a traced step's timers are read: the self-check
 
     @property
     def cuda(self) -> bool:
@@ -383,7 +383,7 @@ class RankRuntime:
     # the graph) they do nothing, so they add no graph break; the module outside the compiled
     # region (found at the first optimizer step) is probed instead.
     def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
-        if torch.compiler.is_compiling():
+        if traced() or flags._is_compiling_flag:
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
@@ -393,15 +393,18 @@ class RankRuntime:
         self._fwd = (_perf() + _OFF, events.record() if events is not None else None, batch, scope)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling() or self._fwd is None:
+        if traced() or flags._is_compiling_flag or self._fwd is None:
             return
         t0, ev0, batch, scope = self._fwd
         self._fwd = None
-        ev1 = self.tracker.device_events.record() if ev0 is not None else None
+        tracker = self.tracker
+        ev1 = tracker.device_events.record() if ev0 is not None else None
         t1 = _perf() + _OFF
         if scope is not None:
             TraceWindows.end_annotation(scope)
-        self.tracker.on_forward(t0, t1, batch, (ev0, ev1) if ev0 is not None else None)
+        if tracker.idle:
+            tracker.mark_activity(t0)
+        tracker.events.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))
 
     @staticmethod
     def _cuda_peak() -> int:

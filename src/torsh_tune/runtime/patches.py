@@ -23,6 +23,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from ..errors import invalid
 from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
 from ..profiler._clock import offset as clock_offset
+from ..profiler._compiling import flags, traced
 from ..profiler.traces import TraceWindows
 from ..strategies.collectives import HierarchicalState
 from ..strategies.ddp import comm_hook_of, ddp_kwargs
@@ -263,14 +264,16 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
     fingerprint = (DataFingerprint(rt.meta, first_step=rt.config.budget.warmup_steps, end_step=rt.budget_total)
                    if rt.config.profiler.data_fingerprint else None)
 
-    perf, off, on_data = time.perf_counter, clock_offset(), tracker.on_data
+    perf, off = time.perf_counter, clock_offset()
 
     def __next__(self: _BaseDataLoaderIter) -> Any:
         t0 = perf()
         batch = original_next(self)
         t1 = perf()
         n = _batch_size(batch)
-        on_data(t0 + off, t1 + off, n)
+        if tracker.idle:
+            tracker.mark_activity(t0 + off)
+        tracker.events.append(("data", t0 + off, t1 + off, n, None))
         if fingerprint is not None:
             fingerprint.observe(batch, n, tracker.step, self)
         if not getattr(self, "_torsh_seen", False):
@@ -335,11 +338,11 @@ def _patch_backward(rt: "RankRuntime") -> None:
     traces = rt.traces
     scaled = _patch_grad_scaler_scale()
 
-    perf, off, on_backward = time.perf_counter, clock_offset(), tracker.on_backward
+    perf, off = time.perf_counter, clock_offset()
 
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if traced() or flags._is_compiling_flag:
             return original(tensors, *args, **kwargs)
         # `scaler.scale(loss).backward()`: the loss is the unscaled one (the scale changes over the run).
         unscaled = scaled.pop(id(tensors), None) if scaled else None
@@ -361,12 +364,14 @@ def _patch_backward(rt: "RankRuntime") -> None:
                 TraceWindows.end_annotation(scope)
             # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
             # host memory on the stream now: read once the step's events completed, it needs no sync.
-            keep = tracker.wants_loss() and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
+            keep = tracker.loss_due and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
             loss = loss_of.detach() if keep else None
             if loss is not None and ev0 is not None and loss.is_cuda:
                 loss = _pinned_copy(loss)  # ordered before the step's end event, which is waited for
             ev1 = events.record() if ev0 is not None else None
-            on_backward(t0 + off, t1 + off, loss, (ev0, ev1) if ev0 is not None else None)
+            if tracker.idle:
+                tracker.mark_activity(t0 + off)
+            tracker.events.append(("backward", t0 + off, t1 + off, loss, (ev0, ev1) if ev0 is not None else None))
 
     torch.autograd.backward = backward
 
@@ -422,7 +427,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     perf, off = time.perf_counter, clock_offset()
 
     def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if torch.compiler.is_compiling():
+        if traced() or flags._is_compiling_flag:
             return
         if state["owner"] is None:
             _first_optimizer_step(rt, optimizer)
@@ -433,7 +438,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         state["t0"] = perf() + off
 
     def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if torch.compiler.is_compiling():
+        if traced() or flags._is_compiling_flag:
             return
         t1 = perf() + off
         ev0 = state["ev0"]
@@ -441,7 +446,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         if state["scope"] is not None:  # closed before the step boundary, which may end the window
             TraceWindows.end_annotation(state["scope"])
             state["scope"] = None
-        tracker.on_optimizer(state["t0"], t1, (ev0, ev1) if ev0 is not None else None)
+        tracker.events.append(("optimizer", state["t0"], t1, None, (ev0, ev1) if ev0 is not None else None))
         # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:
             state["owner"] = id(optimizer)
