@@ -23,7 +23,7 @@ def _fake(world_size: int = 2) -> None:
 
 def _records(tracker) -> list[dict]:
     """The records handed to the tracker, each with its shared fields inlined (as written to comm.jsonl)."""
-    records = [host_call_record(c) if type(c) is tuple else c for c in tracker.comm_done]
+    records = [host_call_record(c, tracker.call_sites) if type(c) is tuple else c for c in tracker.comm_done]
     return [{**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in records]
 
 
@@ -79,6 +79,22 @@ def test_each_call_is_one_record_with_its_bytes_dtype_and_group(capture):
             assert r["blocked_s"] == r["duration_s"]
     assert cap.by_issuer == {"user": {"count": len(expected), "bytes": sum(e[1] for e in expected)}}
 
+
+
+def test_a_known_sites_synchronous_call_is_kept_as_numbers_the_cyclic_gc_lets_go_of(capture):
+    import gc
+
+    cap, tracker = capture
+    _fake()
+    for _ in range(3):  # the first call of the site learns it; the next ones take the fast path
+        dist.all_reduce(torch.ones(10))
+    kept = [c for c in tracker.comm_done if type(c) is tuple]
+    assert len(kept) == 2 and all(type(v) in (int, float) for c in kept for v in c)
+    gc.collect()
+    assert not any(gc.is_tracked(c) for c in kept)  # never promoted to the old generations: no full collections
+    records = _completed(tracker, 3)
+    assert [(r["collective"], r["bytes"], r["issuer"], r["seq"]) for r in records] == [
+        ("all_reduce", 40, "user", i) for i in range(3)]
 
 def test_a_subgroup_is_recorded_with_its_own_ranks_and_name(capture):
     _, tracker = capture

@@ -49,7 +49,7 @@ def _records(tracker, n: int) -> list[dict]:
     deadline = time.monotonic() + 30
     while len(tracker.comm_done) < n and time.monotonic() < deadline:
         time.sleep(0.001)
-    records = [host_call_record(c) if type(c) is tuple else c for c in tracker.comm_done]
+    records = [host_call_record(c, tracker.call_sites) if type(c) is tuple else c for c in tracker.comm_done]
     return sorted(({**c["_s"], **{k: v for k, v in c.items() if k != "_s"}} for c in records),
                   key=lambda r: r["seq"])
 

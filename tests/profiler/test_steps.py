@@ -234,19 +234,21 @@ def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would
     from torsh_tune.profiler import SharedFields
     from torsh_tune.profiler.steps import _OFFSET, host_call_record
 
-    def call(t0, t1, issuer="user"):  # as the capture's fast path keeps it: perf_counter times
-        shared = SharedFields({"rank": 3, "collective": "all_reduce", "issuer": issuer, "async_op": False,
-                               "clock": "host"})
-        return ((shared, [0, 0], issuer), 0, 0, 64, t0 - _OFFSET, t1 - _OFFSET)
+    sites = [(SharedFields({"rank": 3, "collective": "all_reduce", "issuer": issuer, "async_op": False,
+                            "clock": "host"}), issuer) for issuer in ("user", "ddp")]
 
-    calls = [call(10.75, 11.5), call(12.3, 12.4), call(11.25, 11.75, issuer="ddp"), call(12.5, 12.5)]
-    records = [host_call_record(c) for c in calls]
+    def call(t0, t1, site=0):  # as the capture's fast path keeps it: its site's index, perf_counter times
+        return (site, 0, 0, 64, t0 - _OFFSET, t1 - _OFFSET)
+
+    calls = [call(10.75, 11.5), call(12.3, 12.4), call(11.25, 11.75, site=1), call(12.5, 12.5)]
+    assert all(type(v) in (int, float) for c in calls for v in c)  # numbers only: the cyclic GC lets go of it
+    records = [host_call_record(c, sites) for c in calls]
     for step in (_step(), _step(clock="device")):
-        (total, exposed, in_phase), expected = _comm_times([], calls, step, PHASES, 0.0), _comm_times(records, [], step,
-                                                                                                    PHASES, 0.0)
+        (total, exposed, in_phase), expected = (_comm_times([], calls, step, PHASES, 0.0, sites),
+                                                _comm_times(records, [], step, PHASES, 0.0))
         assert (total, exposed) == pytest.approx(expected[:2], abs=1e-6)
         assert in_phase == pytest.approx(expected[2], abs=1e-6)
-    total, exposed, in_phase = _comm_times([], calls, _step(), PHASES, 0.0)
+    total, exposed, in_phase = _comm_times([], calls, _step(), PHASES, 0.0, sites)
     # (the times went through perf_counter's offset: equal to a microsecond)
     assert (total, exposed) == pytest.approx((1.1, 0.75 + 0.1 + 0.5), abs=1e-6)  # ddp: from its last issue to its end
     assert in_phase == pytest.approx({"forward": 0.25, "backward": 1.0, "optimizer": 0.1}, abs=1e-6)

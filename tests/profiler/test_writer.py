@@ -44,8 +44,9 @@ def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_writ
     writer = RecordWriter(run, 0, flush_interval_s=60)
     shared = SharedFields({"rank": 1, "collective": "all_reduce", "group_ranks": [0, 1], "async_op": False,
                            "dtype": "float32", "bucket": -1})
-    kept = ((shared, [0, 0], "user"), 4, 9, 4096, 10.000001, 10.0000135)  # as the capture keeps the call
-    call = host_call_record(kept)
+    sites = [(SharedFields({}), "user"), (shared, "user")]
+    kept = (1, 4, 9, 4096, 10.000001, 10.0000135)  # as the capture keeps the call: its site's index in `sites`
+    call = host_call_record(kept, sites)
     assert call.pop("_s") is shared and tuple(call) == HOST_CALL_FIELDS
     other = dict(reversed(list(call.items())))
     longer = {**call, "grad_bytes": 4096}
@@ -53,7 +54,7 @@ def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_writ
             "duration_s": 0.25, "t_complete": 1.75}
     for record, fields in ((call, shared), (other, shared), (longer, shared), (bare, SharedFields({}))):
         writer.write("comm", {"_s": fields, **record})
-    writer.write_calls([kept])  # the tuple itself, as a step's calls are written
+    writer.write_calls([kept], sites)  # the tuple itself, as a step's calls are written
     writer.close()
     lines = run.rank_file(0, "comm").read_text().splitlines()
     assert lines[0].startswith('{"rank":1,') and lines[3].startswith('{"step":0,')

@@ -207,8 +207,10 @@ class CollectiveCapture:
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
         # Per wrapped function, (caller code, its globals, id(group), dtype, async_op) -> (shared fields,
-        # [count, bytes], issuer): the fast path's one lookup per call (host clock, outside DDP buckets).
-        self._sites: list[dict[tuple, tuple[SharedFields, list[int], str]]] = []
+        # [count, bytes], issuer, its index in `tracker.call_sites`): the fast path's one lookup per call
+        # (host clock, outside DDP buckets).
+        self._sites: list[dict[tuple, tuple[SharedFields, list[int], str, int]]] = []
+        self._sites_lock = threading.Lock()  # a new site's index in `tracker.call_sites`
         self.installed: list[str] = []
 
     @property
@@ -285,7 +287,7 @@ class CollectiveCapture:
         always_async = name in _ALWAYS_ASYNC
         local = self._local
         tracker = self.tracker
-        sites: dict[tuple, tuple[SharedFields, list[int], str]] = {}  # this function's call sites
+        sites: dict[tuple, tuple[SharedFields, list[int], str, int]] = {}  # this function's call sites
         self._sites.append(sites)
         getframe = sys._getframe
         perf, offset = time.perf_counter, _clock_offset()
@@ -366,9 +368,10 @@ class CollectiveCapture:
                 local.depth = 0
             t1 = perf()
             if result is None or not async_op:
-                # Synchronous: done on return. Kept as a tuple (perf_counter times); the tracker makes its
-                # record when it collects it (`steps.host_call_record`), many at a time.
-                append((site, step, seq, nbytes, t0, t1))
+                # Synchronous: done on return. Kept as a tuple of numbers (its site's index in
+                # `tracker.call_sites`, perf_counter times), which Python's cyclic GC stops tracking at its
+                # first collection: the step's accounting and the writer use it as it is.
+                append((site[3], step, seq, nbytes, t0, t1))
             else:
                 record = {"_s": site[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
                           "t_issue": t0 + offset, "blocked_s": 0.0}
@@ -384,8 +387,12 @@ class CollectiveCapture:
             return
         shared = record["_s"]
         key = next(k for k, v in self._kinds.items() if v[0] is shared)
+        table = self.tracker.call_sites
+        with self._sites_lock:
+            table.append((shared, issuer))
+            index = len(table) - 1
         sites[(frame.f_code, id(frame.f_globals), id(group), dtype, async_op)] = (
-            shared, self._kinds[key][1], issuer)
+            shared, self._kinds[key][1], issuer, index)
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:

@@ -72,6 +72,9 @@ class StepTracker:
         # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple
         # (`host_call_record` makes its record).
         self.comm_done: collections.deque[dict[str, Any] | tuple] = collections.deque()
+        # (shared fields, issuer) of each call site the capture's fast path knows; a call's tuple holds
+        # its site's index here (`writer.host_call_values`). Only ever appended to.
+        self.call_sites: list[tuple[Any, str]] = []
         # (step, seq) -> (step-level CommRecords, exposed comm s, timed) of collectives no hook
         # timed (DDP's builtin all-reduce, from the reducer's timers); `read=False`: the step's
         # timers are not read (the run's last step, or a step `ddp_timers_every` skips).
@@ -235,7 +238,7 @@ class StepTracker:
                 if entry is not None:
                     entry["calls"].append(c)
                     continue
-                c = host_call_record(c)
+                c = host_call_record(c, self.call_sites)
             entry = by_step.get(c["step"])
             if entry is not None:
                 entry["comm"].append(c)
@@ -282,7 +285,7 @@ class StepTracker:
                 for c in entry["comm"]:
                     self._writer.write("comm", c)
                 if entry["calls"]:
-                    self._writer.write_calls(entry["calls"])
+                    self._writer.write_calls(entry["calls"], self.call_sites)
                 self._writer.write("steps", entry["record"])
 
     def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -371,7 +374,8 @@ class StepTracker:
         # A closure-style optimizer (Lightning's `optimizer.step(closure)`) runs forward and backward
         # inside the optimizer step: the optimizer phase is what is left of it.
         record["optimizer_s"] = sum(t1 - t0 for p, t0, t1 in spans if p == "optimizer")
-        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0))
+        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0),
+                                                self.call_sites)
         record["comm_s"], record["exposed_comm_s"] = comm_s, exposed
         for phase in _PHASES:
             record[phase + "_exposed_comm_s"] = in_phase[phase]
@@ -435,13 +439,14 @@ class StepTracker:
         self._late.clear()
 
 
-def host_call_record(call: tuple) -> dict[str, Any]:
+def host_call_record(call: tuple, call_sites: list[tuple[Any, str]]) -> dict[str, Any]:
     """The CommRecord of a synchronous host-clock collective the capture kept as a tuple (`host_call_values`).
 
     Its step's accounting and the writer use the tuple itself; this record is made only for a
-    call that arrives after its step was written, and for readers in tests.
+    call that arrives after its step was written, and for readers in tests. `call_sites`: the
+    tracker's table its first field indexes.
     """
-    return {"_s": call[0][0], **dict(zip(HOST_CALL_FIELDS, host_call_values(call)))}
+    return {"_s": call_sites[call[0]][0], **dict(zip(HOST_CALL_FIELDS, host_call_values(call)))}
 
 
 def _wait_for(entry: dict[str, Any]) -> None:
@@ -492,7 +497,8 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 
 def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str, Any],
-                phases: list[tuple[str, float, float]], ddp_exposed: float) -> tuple[float, float, dict[str, float]]:
+                phases: list[tuple[str, float, float]], ddp_exposed: float,
+                call_sites: list[tuple[Any, str]] = ()) -> tuple[float, float, dict[str, float]]:
     """(union of the step's collective intervals, exposed communication, exposed comm inside each phase).
 
     Exposed communication is what the step waited for:
@@ -503,8 +509,9 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
       time the training thread blocked in it (a synchronous call, or `Work.wait()`); on
       the device clock, a synchronous collective on the default stream holds that stream
       for its whole duration, one issued on a side stream (FSDP2's) overlaps.
-    `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
-    blocks from its issue to its return, so on the host clock that whole span is exposed.
+    `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`; their
+    sites in `call_sites`): each blocks from its issue to its return, so on the host clock that
+    whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
     the record's timeline), so that phase compute = phase time - its exposed comm.
     Rewrites each device-clock record's t_start/t_complete onto the step's device timeline
@@ -540,9 +547,10 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     if calls:  # many per step: comprehensions, not a loop of appends
         intervals = [(c[4] + _OFFSET, c[5] + _OFFSET) for c in calls]
         spans += intervals
-        if "ddp" in {c[0][2] for c in calls}:  # a site's issuer: DDP's own synchronous calls (buffers, checks)
-            ddp += [iv for c, iv in zip(calls, intervals) if c[0][2] == "ddp"]
-            intervals = [iv for c, iv in zip(calls, intervals) if c[0][2] != "ddp"]
+        by_ddp = {k for k in {c[0] for c in calls} if call_sites[k][1] == "ddp"}
+        if by_ddp:  # sites whose issuer is DDP: its own synchronous calls (buffers, parameter checks)
+            ddp += [iv for c, iv in zip(calls, intervals) if c[0] in by_ddp]
+            intervals = [iv for c, iv in zip(calls, intervals) if c[0] not in by_ddp]
         if not device:
             blocked += [iv for iv in intervals if iv[1] > iv[0]]
     in_phase = dict.fromkeys(_PHASES, 0.0)

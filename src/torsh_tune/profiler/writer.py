@@ -49,9 +49,10 @@ HOST_CALL_FIELDS = tuple(k for k, _ in _HOST_CALL_FORMAT)
 def host_call_values(call: tuple) -> tuple:
     """The `HOST_CALL_FIELDS` values of a synchronous host-clock call the capture kept as a tuple.
 
-    The tuple: (its call site's (shared fields, counters, issuer), step, seq, bytes, perf_counter
-    at issue, at return). Such a call is written from its tuple (`RecordWriter.write_calls`);
-    `steps.host_call_record` makes a CommRecord of it where one is needed.
+    The tuple holds numbers only, so that the cyclic GC stops tracking it: (its call site's index
+    in the tracker's `call_sites`, step, seq, bytes, perf_counter at issue, at return). Such a call
+    is written from its tuple (`RecordWriter.write_calls`); `steps.host_call_record` makes a
+    CommRecord of it where one is needed.
     """
     _, step, seq, nbytes, t0, t1 = call
     d = t1 - t0
@@ -68,9 +69,9 @@ class _Stream:
         self.lock = threading.Lock()  # one encoder and file writer at a time
 
 
-def _line(record: dict[str, Any] | tuple) -> str:
+def _line(record: dict[str, Any] | tuple, call_sites: list[tuple[SharedFields, str]]) -> str:
     if type(record) is tuple:  # a synchronous host-clock call (`host_call_values`)
-        return record[0][0].template % host_call_values(record)
+        return call_sites[record[0]][0].template % host_call_values(record)
     shared = record.pop("_s", None)
     if shared is not None and tuple(record) == HOST_CALL_FIELDS and type(record["bytes"]) is int:
         return shared.template % tuple(record.values())
@@ -100,6 +101,7 @@ class RecordWriter:
         self._streams = {k: _Stream(run_dir.rank_file(rank, k)) for k in ("steps", "comm", "system")}
         run_dir.ranks.mkdir(parents=True, exist_ok=True)
         self.error: BaseException | None = None
+        self._call_sites: list[tuple[SharedFields, str]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torsh-writer-{rank}", daemon=True)
         self._thread.start()
@@ -108,8 +110,12 @@ class RecordWriter:
         """Queue one record (its `_s` shared fields are encoded with it); the writer thread writes it."""
         self._streams[kind].pending.append(record)
 
-    def write_calls(self, calls: list[tuple]) -> None:
-        """Queue the CommRecords of synchronous host-clock calls, as the capture kept them (`host_call_values`)."""
+    def write_calls(self, calls: list[tuple], call_sites: list[tuple[SharedFields, str]]) -> None:
+        """Queue the CommRecords of synchronous host-clock calls, as the capture kept them (`host_call_values`).
+
+        `call_sites`: the table their first field indexes (the tracker's, always the same list).
+        """
+        self._call_sites = call_sites
         self._streams["comm"].pending.extend(calls)
 
     def flush(self) -> None:
@@ -150,7 +156,7 @@ class RecordWriter:
             lines = []
             for i, record in enumerate(records, 1):
                 try:
-                    lines.append(_line(record))
+                    lines.append(_line(record, self._call_sites))
                 except (TypeError, ValueError) as exc:  # one record that is not JSON: the others are still written
                     self.error = self.error or exc
                 if yield_gil and i % self._YIELD_EVERY == 0:
