@@ -1,6 +1,6 @@
 """Per-step accounting on the training thread: phases, samples, loss, memory, communication.
 
-The phase probes in `runtime` append their phase events to `events` (the `on_*` methods do the
+The phase probes in `runtime` append their phase events to `phases` (the `on_*` methods do the
 same for other callers); `end_step` closes a step, and the step's StepRecord line and its
 CommRecord lines are written once they can be known:
 
@@ -120,14 +120,14 @@ class StepTracker:
         # Sums, samples and the record are made from them when the step is finalized. The probes
         # append to it themselves (one list append, no Python call, on the hot path), after calling
         # `mark_activity` while `idle`, as the `on_*` methods do.
-        self.events: list[tuple[str, float, float, Any, Any]] = []
+        self.phases: list[tuple[str, float, float, Any, Any]] = []
 
     @property
     def microbatches(self) -> int:
         """Forwards probed in the current step so far."""
-        return sum(1 for e in self.events if e[0] == "forward")
+        return sum(1 for e in self.phases if e[0] == "forward")
 
-    # -- phase events (training thread; the probes append to `events` directly) -------
+    # -- phase events (training thread; the probes append to `phases` directly) -------
     def mark_activity(self, t: float) -> None:
         """The run's first phase began at `t`: the first step starts there (on CUDA, with an event)."""
         self.idle = False
@@ -147,12 +147,12 @@ class StepTracker:
     def on_data(self, t0: float, t1: float, batch_size: int) -> None:
         if self.idle:
             self.mark_activity(t0)
-        self.events.append(("data", t0, t1, batch_size, None))
+        self.phases.append(("data", t0, t1, batch_size, None))
 
     def on_forward(self, t0: float, t1: float, batch_size: int, events: tuple[Any, Any] | None = None) -> None:
         if self.idle:
             self.mark_activity(t0)
-        self.events.append(("forward", t0, t1, batch_size, events))
+        self.phases.append(("forward", t0, t1, batch_size, events))
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
@@ -161,10 +161,10 @@ class StepTracker:
         """`loss`: the step's loss (a detached scalar tensor) where `loss_due`, else None."""
         if self.idle:
             self.mark_activity(t0)
-        self.events.append(("backward", t0, t1, loss, events))
+        self.phases.append(("backward", t0, t1, loss, events))
 
     def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
-        self.events.append(("optimizer", t0, t1, None, events))
+        self.phases.append(("optimizer", t0, t1, None, events))
 
     def next_comm(self) -> tuple[int, int]:
         """(step, seq) for a collective issued now."""
@@ -183,7 +183,7 @@ class StepTracker:
         Only the step's times and events are kept here; its record is made when it is finalized
         (at once for detailed and device-clock steps, else with its batch).
         """
-        step, ev = self.step, self.events
+        step, ev = self.step, self.phases
         t_start = self._t_start if self._t_start is not None else t_end
         windows = self.windows
         detailed = step < self._detailed_until or (windows is not None and windows.recording)
@@ -215,7 +215,7 @@ class StepTracker:
         self.loss_due = step % self._loss_every == 0
         self._t_start = t_end
         self.tokens = 0
-        self.events = []
+        self.phases = []
         return step
 
     def detailed(self, step: int) -> bool:

@@ -404,7 +404,7 @@ class RankRuntime:
             TraceWindows.end_annotation(scope)
         if tracker.idle:
             tracker.mark_activity(t0)
-        tracker.events.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))
+        tracker.phases.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))
 
     @staticmethod
     def _cuda_peak() -> int:

@@ -273,7 +273,7 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         n = _batch_size(batch)
         if tracker.idle:
             tracker.mark_activity(t0 + off)
-        tracker.events.append(("data", t0 + off, t1 + off, n, None))
+        tracker.phases.append(("data", t0 + off, t1 + off, n, None))
         if fingerprint is not None:
             fingerprint.observe(batch, n, tracker.step, self)
         if not getattr(self, "_torsh_seen", False):
@@ -371,7 +371,7 @@ def _patch_backward(rt: "RankRuntime") -> None:
             ev1 = events.record() if ev0 is not None else None
             if tracker.idle:
                 tracker.mark_activity(t0 + off)
-            tracker.events.append(("backward", t0 + off, t1 + off, loss, (ev0, ev1) if ev0 is not None else None))
+            tracker.phases.append(("backward", t0 + off, t1 + off, loss, (ev0, ev1) if ev0 is not None else None))
 
     torch.autograd.backward = backward
 
@@ -446,7 +446,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         if state["scope"] is not None:  # closed before the step boundary, which may end the window
             TraceWindows.end_annotation(state["scope"])
             state["scope"] = None
-        tracker.events.append(("optimizer", state["t0"], t1, None, (ev0, ev1) if ev0 is not None else None))
+        tracker.phases.append(("optimizer", state["t0"], t1, None, (ev0, ev1) if ev0 is not None else None))
         # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:
             state["owner"] = id(optimizer)
