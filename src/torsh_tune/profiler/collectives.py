@@ -206,10 +206,10 @@ class CollectiveCapture:
         # kind of call -> (its shared fields, [count, bytes])
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
-        # Per wrapped function, (caller code, its globals, id(group), dtype, async_op) -> (shared fields,
-        # [count, bytes], issuer, its index in `tracker.call_sites`): the fast path's one lookup per call
-        # (host clock, outside DDP buckets).
-        self._sites: list[dict[tuple, tuple[SharedFields, list[int], str, int]]] = []
+        # Per wrapped function, (ids of the caller's code and globals, id(group), dtype, async_op) -> (shared
+        # fields, [count, bytes], issuer, its index in `tracker.call_sites`, (code, globals) kept alive):
+        # the fast path's one lookup per call (host clock, outside DDP buckets).
+        self._sites: list[dict[tuple, tuple]] = []
         self._sites_lock = threading.Lock()  # a new site's index in `tracker.call_sites`
         self.installed: list[str] = []
 
@@ -287,7 +287,7 @@ class CollectiveCapture:
         always_async = name in _ALWAYS_ASYNC
         local = self._local
         tracker = self.tracker
-        sites: dict[tuple, tuple[SharedFields, list[int], str, int]] = {}  # this function's call sites
+        sites: dict[tuple, tuple] = {}  # this function's call sites
         self._sites.append(sites)
         getframe = sys._getframe
         perf, offset = time.perf_counter, _clock_offset()
@@ -337,7 +337,7 @@ class CollectiveCapture:
             # The common call (a known call site, group and dtype; host clock; not a DDP bucket's): one
             # lookup for its shared fields, counters and issuer, and (synchronous) a tuple for the tracker.
             # Anything else goes through _begin/_end.
-            site = sites.get((frame.f_code, id(frame.f_globals), id(group), dtype, async_op))
+            site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
             if site is None or tracker.device_events is not None or getattr(local, "bucket", None) is not None:
                 issuer = _caller_issuer(frame) if site is None else site[2]
                 if issuer == "torsh-tune":
@@ -391,8 +391,11 @@ class CollectiveCapture:
         with self._sites_lock:
             table.append((shared, issuer))
             index = len(table) - 1
-        sites[(frame.f_code, id(frame.f_globals), id(group), dtype, async_op)] = (
-            shared, self._kinds[key][1], issuer, index)
+        # Keyed by the code object's id, not the object: hashing a code object hashes its constants, ~1.5 us
+        # for a long training function, on every call. The entry holds the code and the globals, so
+        # neither id is reused while it lives.
+        sites[(id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op)] = (
+            shared, self._kinds[key][1], issuer, index, (frame.f_code, frame.f_globals))
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:
