@@ -314,8 +314,10 @@ class RankRuntime:
         skips). Returns (records, exposed comm s, whether every such model's comm was timed).
         """
         records, exposed = [], 0.0
+        # Our attributes on a model are read from its __dict__: `getattr(model, name, None)` on a name
+        # never set goes through Module.__getattr__, which formats and raises an AttributeError (every step).
         builtin = [(m, info) for m, info in zip(self.ddp_models, self.meta.get("ddp_models", []))
-                   if getattr(m, "_torsh_timed_hook", None) is None]
+                   if m.__dict__.get("_torsh_timed_hook") is None]
         if not builtin:
             return records, exposed, True
         # On CUDA DDP collects its timers at iterations 1-10 and every 100th (its default rate), and the
@@ -330,7 +332,7 @@ class RankRuntime:
             if not start or not end:
                 timed = False  # no timer on this device (yet)
                 continue
-            if getattr(model, "_torsh_last_comm", None) == (start, end):
+            if model.__dict__.get("_torsh_last_comm") == (start, end):
                 # Sampled every iteration (CPU, ddp_timers_every 1): no all-reduce ran (a no_sync micro-batch):
                 # timed, none. Sampled (CUDA, or CPU past the detailed steps): an iteration DDP did not collect.
                 timed = timed and not (self.on_cuda or self.tracker.ddp_timers_every > 1)
@@ -342,7 +344,7 @@ class RankRuntime:
             compute_end = data.get("backward_compute_time_end")
             if compute_end:
                 exposed = max(exposed, t_complete - compute_end / 1e9)
-            shared = getattr(model, "_torsh_comm_fields", None)
+            shared = model.__dict__.get("_torsh_comm_fields")
             if shared is None:
                 group = self.collectives.group_of(model.process_group) if self.collectives is not None else {}
                 shared = model._torsh_comm_fields = SharedFields({
@@ -375,7 +377,7 @@ class RankRuntime:
         if want != self._ddp_rate:
             self._ddp_rate = want
             for model in self.ddp_models:
-                if getattr(model, "_torsh_timed_hook", None) is None:
+                if model.__dict__.get("_torsh_timed_hook") is None:
                     model._set_ddp_runtime_logging_sample_rate(want)
 
     # -- forward hooks (hot path) ------------------------------------------------------
