@@ -69,8 +69,8 @@ class StepTracker:
         self.loss_due = True  # whether the current step reads its loss: step % loss_every == 0
         self._comm_seq = 0
         # Completed collectives (or device-pending ones) arrive here, also from communication
-        # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple
-        # (`host_call_record` makes its record).
+        # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple,
+        # which stays a tuple in its step (`writer.host_call_values`).
         self.comm_done: collections.deque[dict[str, Any] | tuple] = collections.deque()
         # (shared fields, issuer) of each call site the capture's fast path knows; a call's tuple holds
         # its site's index here (`writer.host_call_values`). Only ever appended to.

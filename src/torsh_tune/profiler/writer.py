@@ -39,8 +39,8 @@ class SharedFields(dict):
         self.template = "{" + (self.json + "," if self.json else "") + own + "}"
 
 
-# The per-call fields of a synchronous host-clock collective's record, in the order `steps.host_call_record`
-# sets them, and how each is written (%d: an int; %r: a float, as json writes a finite one).
+# The per-call fields of a synchronous host-clock collective's record, in the order `host_call_values` gives
+# them, and how each is written (%d: an int; %r: a float, as json writes a finite one).
 _HOST_CALL_FORMAT = (("step", "d"), ("seq", "d"), ("bytes", "d"), ("wire_bytes", "d"), ("t_issue", "r"),
                      ("blocked_s", "r"), ("duration_s", "r"), ("t_complete", "r"))
 HOST_CALL_FIELDS = tuple(k for k, _ in _HOST_CALL_FORMAT)
