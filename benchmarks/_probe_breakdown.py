@@ -107,7 +107,7 @@ def instrument_before_install() -> None:
     torch.autograd.backward = timed("torch: autograd.backward (original)", torch.autograd.backward)
     _BaseDataLoaderIter.__next__ = timed("torch: DataLoader __next__ (original)", _BaseDataLoaderIter.__next__)
 
-    # torsh_tune's probe functions (the phase probes append to StepTracker.events themselves: no call to time).
+    # torsh_tune's probe functions (the phase probes append to StepTracker.phases themselves: no call to time).
     for attr in ("end_step", "_collect_comm", "_write_ready", "_finalize", "on_collective", "next_comm",
                  "_finish_comm"):
         _patch_method(steps.StepTracker, attr, f"StepTracker.{attr}")

@@ -384,7 +384,7 @@ def test_ddp_timers_are_read_in_the_warmup_the_first_measured_steps_and_windows_
     tracker = _tracker(writer, warmup_steps=2)
     tracker.step_comm, tracker.ddp_timers_every = step_comm, 4
     window = range(31, 34)  # a trace window over steps 31-33: the self-check compares every one of them
-    tracker.windows = _Recording(tracker, window)
+    tracker.traces = _Recording(tracker, window)
     n = 2 + DETAILED_STEPS + 20
     for i in range(n):
         tracker.on_forward(10.0 + i, 10.5 + i, 2)
@@ -410,7 +410,7 @@ def test_past_the_detailed_steps_host_records_are_finalized_in_batches_with_one_
     tracker = _tracker(writer, warmup_steps=2, peak_memory=peak)
     detailed = 2 + DETAILED_STEPS
     window = range(detailed + 20, detailed + 22)  # a trace window: every step of it is written at once
-    tracker.windows = _Recording(tracker, window)
+    tracker.traces = _Recording(tracker, window)
     written = []
     for i in range(detailed + 40):  # 10 ms steps: a batch is 16 steps, never what waited FINALIZE_AFTER_S
         t = 10.0 + 0.01 * i

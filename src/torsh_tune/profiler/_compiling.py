@@ -23,4 +23,5 @@ import torch.compiler
 __all__ = ["flags", "traced"]
 
 traced = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
-flags = torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else types.SimpleNamespace(_is_compiling_flag=False)
+flags = (torch.compiler if hasattr(torch.compiler, "_is_compiling_flag")
+         else types.SimpleNamespace(_is_compiling_flag=False))

@@ -80,10 +80,10 @@ class StepTracker:
         # timers are not read (the run's last step, or a step `ddp_timers_every` skips).
         self.step_comm: Callable[..., tuple[list[dict[str, Any]], float, bool]] | None = None
         # Which steps' DDP timers are read (`profiler.ddp_timers_every`): every step of the warm-up,
-        # the first DETAILED_STEPS measured ones and every step a trace window records (`windows`), then
+        # the first DETAILED_STEPS measured ones and every step a trace window records (`traces`), then
         # every k-th.
         self.ddp_timers_every = 1
-        self.windows: Any = None  # the rank's TraceWindows (its `recording`), when it has any
+        self.traces: Any = None  # the rank's TraceWindows (its `recording`), when it has any
         # DDP's iteration (1-based sync forwards) minus the step (RankRuntime.ddp_step_comm learns it):
         # past the detailed steps DDP collects its timers at iterations that are multiples of k.
         self.ddp_offset = 1
@@ -185,8 +185,8 @@ class StepTracker:
         """
         step, ev = self.step, self.phases
         t_start = self._t_start if self._t_start is not None else t_end
-        windows = self.windows
-        detailed = step < self._detailed_until or (windows is not None and windows.recording)
+        traces = self.traces
+        detailed = step < self._detailed_until or (traces is not None and traces.recording)
         # comm: its CommRecords; calls: its synchronous host-clock calls, as the capture's tuples
         entry: dict[str, Any] = {"step": step, "t_start": t_start, "t_end": t_end, "ev": ev,
                                  "tokens": self.tokens, "comm": [], "calls": []}
@@ -220,7 +220,7 @@ class StepTracker:
 
     def detailed(self, step: int) -> bool:
         """Whether `step` (the current one, or the next after a step boundary) has every DDP timer read."""
-        return step < self._detailed_until or (self.windows is not None and self.windows.recording)
+        return step < self._detailed_until or (self.traces is not None and self.traces.recording)
 
     def _read_ddp_timers(self, entry: dict[str, Any]) -> None:
         """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them."""

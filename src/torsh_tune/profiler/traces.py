@@ -140,7 +140,6 @@ class TraceWindows:
             # Step 0 has no boundary before it: its window starts now, before the script runs.
             self._begin(_Window(0, self._explicit[1], "explicit", None), now())
 
-
     def annotate(self, phase: str) -> Any:
         """Open `phase`'s annotation in the window being recorded; None outside windows.
 

@@ -97,7 +97,7 @@ class RankRuntime:
                 # Export runs between two steps; the next step record starts after it.
                 restart_step_clock=self.tracker.restart_clock,
             )
-            self.tracker.windows = self.traces  # a traced step's timers are read: the self-check
+            self.tracker.traces = self.traces  # a traced step's timers are read: the self-check
 
     @property
     def cuda(self) -> bool:
