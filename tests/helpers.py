@@ -76,3 +76,13 @@ def run_survivors(run_id: str) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass
     return pids
+
+
+def host_call_record(call: tuple, call_sites: list) -> dict:
+    """The CommRecord a synchronous host-clock call's tuple stands for (its line, as the writer writes it).
+
+    `call_sites`: the tracker's table the tuple's first field indexes (`writer.host_call_values`).
+    """
+    from torsh_tune.profiler.writer import HOST_CALL_FIELDS, host_call_values
+
+    return {"_s": call_sites[call[0]][0], **dict(zip(HOST_CALL_FIELDS, host_call_values(call)))}

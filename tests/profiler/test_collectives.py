@@ -14,7 +14,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torsh_tune.profiler.collectives import issuer_of
-from torsh_tune.profiler.steps import host_call_record
+
+from helpers import host_call_record
 
 
 def _fake(world_size: int = 2) -> None:

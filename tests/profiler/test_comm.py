@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torsh_tune.profiler import TimedCommHook, default_allreduce
-from torsh_tune.profiler.steps import host_call_record
+
+from helpers import host_call_record
 
 
 @pytest.fixture

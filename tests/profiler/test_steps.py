@@ -232,7 +232,8 @@ def test_host_clock_collectives_expose_the_time_the_thread_blocked():
 
 def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():
     from torsh_tune.profiler import SharedFields
-    from torsh_tune.profiler.steps import _OFFSET, host_call_record
+    from helpers import host_call_record
+    from torsh_tune.profiler.steps import _OFFSET
 
     sites = [(SharedFields({"rank": 3, "collective": "all_reduce", "issuer": issuer, "async_op": False,
                             "clock": "host"}), issuer) for issuer in ("user", "ddp")]
@@ -452,6 +453,24 @@ def test_slow_steps_are_not_held_back_by_the_batch(run, writer):
         waiting.append(len(tracker._queue))
     assert waiting[DETAILED_STEPS:] == [1, 2, 0, 1, 2, 0]
 
+
+
+def test_a_host_call_that_arrives_after_its_step_was_written_gets_its_line_alone(run, writer):
+    from torsh_tune.profiler.steps import _OFFSET
+
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.call_sites.append((SharedFields({"rank": 3, "collective": "all_reduce", "issuer": "user"}), "user"))
+    tracker.on_forward(10.0, 10.5, 2)
+    tracker.on_optimizer(10.5, 11.0)
+    tracker.end_step(11.0)  # a detailed step: written at once
+    assert [s["step"] for s in _lines(run, writer, "steps")] == [0]
+    tracker.comm_done.append((0, 0, 0, 64, 10.6 - _OFFSET, 10.7 - _OFFSET))  # step 0's call, handed over late
+    tracker.on_forward(11.0, 11.5, 2)
+    tracker.end_step(12.0)
+    tracker.flush_comm()
+    (c,) = _lines(run, writer, "comm")
+    assert (c["step"], c["seq"], c["bytes"], c["issuer"]) == (0, 0, 64, "user")
+    assert (c["t_issue"], c["duration_s"], c["blocked_s"]) == pytest.approx((10.6, 0.1, 0.1), abs=1e-6)
 
 def test_blocked_time_is_split_over_phases_as_a_comparison_of_every_pair_would():
     import random

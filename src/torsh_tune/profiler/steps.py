@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 from ._clock import offset as _clock_offset
 from ._device import DeviceEvents
-from .writer import HOST_CALL_FIELDS, RecordWriter, host_call_values
+from .writer import RecordWriter, host_call_values
 
-__all__ = ["StepTracker", "host_call_record"]
+__all__ = ["StepTracker"]
 
 _OFFSET = _clock_offset()
 
@@ -237,8 +237,9 @@ class StepTracker:
                 entry = by_step.get(c[1])
                 if entry is not None:
                     entry["calls"].append(c)
-                    continue
-                c = host_call_record(c, self.call_sites)
+                elif self._writer is not None:  # after its step was written: its line alone
+                    self._writer.write_calls([c], self.call_sites)
+                continue
             entry = by_step.get(c["step"])
             if entry is not None:
                 entry["comm"].append(c)
@@ -437,16 +438,6 @@ class StepTracker:
             if self._writer is not None:
                 self._writer.write("comm", c)
         self._late.clear()
-
-
-def host_call_record(call: tuple, call_sites: list[tuple[Any, str]]) -> dict[str, Any]:
-    """The CommRecord of a synchronous host-clock collective the capture kept as a tuple (`host_call_values`).
-
-    Its step's accounting and the writer use the tuple itself; this record is made only for a
-    call that arrives after its step was written, and for readers in tests. `call_sites`: the
-    tracker's table its first field indexes.
-    """
-    return {"_s": call_sites[call[0]][0], **dict(zip(HOST_CALL_FIELDS, host_call_values(call)))}
 
 
 def _wait_for(entry: dict[str, Any]) -> None:

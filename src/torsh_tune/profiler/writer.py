@@ -33,8 +33,8 @@ class SharedFields(dict):
     def __init__(self, fields: dict[str, Any]) -> None:
         super().__init__(fields)
         self.json = _encode(fields)[1:-1]
-        # The line of a record with exactly the fields `HOST_CALL_FIELDS` (a synchronous call on the host
-        # clock, the most common collective record), by one `%`: no encoder call per record.
+        # The line of a synchronous host-clock call kept as a tuple (`host_call_values`, the most common
+        # collective record), by one `%`: no encoder call per record.
         own = ",".join(f'"{k}":%{c}' for k, c in _HOST_CALL_FORMAT)
         self.template = "{" + (self.json + "," if self.json else "") + own + "}"
 
@@ -50,9 +50,8 @@ def host_call_values(call: tuple) -> tuple:
     """The `HOST_CALL_FIELDS` values of a synchronous host-clock call the capture kept as a tuple.
 
     The tuple holds numbers only, so that the cyclic GC stops tracking it: (its call site's index
-    in the tracker's `call_sites`, step, seq, bytes, perf_counter at issue, at return). Such a call
-    is written from its tuple (`RecordWriter.write_calls`); `steps.host_call_record` makes a
-    CommRecord of it where one is needed.
+    in the tracker's `call_sites`, step, seq, bytes, perf_counter at issue, at return). The tracker
+    accounts for it and the writer writes its line (`RecordWriter.write_calls`) from the tuple.
     """
     _, step, seq, nbytes, t0, t1 = call
     d = t1 - t0
@@ -73,10 +72,8 @@ def _line(record: dict[str, Any] | tuple, call_sites: list[tuple[SharedFields, s
     if type(record) is tuple:  # a synchronous host-clock call (`host_call_values`)
         return call_sites[record[0]][0].template % host_call_values(record)
     shared = record.pop("_s", None)
-    if shared is not None and tuple(record) == HOST_CALL_FIELDS and type(record["bytes"]) is int:
-        return shared.template % tuple(record.values())
     line = _encode(record)
-    if shared is not None:
+    if shared:  # no fields shared: the record's own line as it is
         line = "{" + shared.json + ("," + line[1:] if len(line) > 2 else "}")
     return line
 
