@@ -51,24 +51,21 @@ def _assert_steps_and_forward(run: RunDir) -> list[list[dict]]:
     return per_rank
 
 
-# The self-check (always-on vs the Kineto trace of the same steps), in pp; the issue asks 5 pp.
-# Measured 2026-11-25 under load average ~7 on 2 cores, after the capture's per-call cost was cut
-# and records moved to the writer's thread: the hand-written all-reduce (width 1024) compute
-# +3.0, comm and exposed +2.5; FSDP2 compute +1.8 to +2.6, comm and exposed +3.6 to +6.2. FSDP2's
-# collectives are asynchronous: the always-on span runs from the call to the completion, so it
-# includes the gloo worker thread's wake-up after the enqueue (the step does wait for it), which
-# the trace shows as idle; on a loaded machine that latency is what is left above 5 pp. FSDP2's
-# compute was +5.4 in one full-suite run (its hooks' Python between the collectives: host compute
-# for the records, a gap for a CPU trace): held to 7 pp too.
-SELF_CHECK_PP = {"fsdp2": {"compute": 7.0, "comm": 7.0, "exposed_comm": 7.0},
-                 "allreduce": {"compute": 5.0, "comm": 7.0, "exposed_comm": 7.0}}  # comm +5.8 once in make test
+# The self-check (always-on vs the Kineto trace of the same steps), in pp: the issue's 5 pp.
+# Measured 2026-11-27 with 2 ranks beside a running test suite on 2 cores, 3 runs each: the
+# hand-written all-reduce (width 1024) compute -0.6 to -2.2, comm and exposed -0.1 to +0.3; FSDP2
+# compute -0.1 to +0.3, comm and exposed -0.1 to +0.2. Before the trace counted the main thread's
+# waits for synchronous collectives (it wakes up after the gloo worker's span: ms on a loaded host)
+# and compared compute on the phases (the trace's operators outside them, e.g. the gradient
+# division, are the always-on side's other), comm reached +7.7 and compute -5.3.
+SELF_CHECK_PP = 5.0
 WINDOW = ("--trace-window", f"{WARMUP + 2}:6")
 
 
-def _assert_self_check(run: RunDir, limits: dict[str, float]) -> None:
+def _assert_self_check(run: RunDir) -> None:
     (check,) = analyze_run(run.path).self_check
-    diffs = {m: check.overall[f"{m}_diff_pp"] for m in limits}
-    assert all(abs(diffs[m]) <= limits[m] for m in limits), diffs
+    diffs = {m: check.overall[f"{m}_diff_pp"] for m in ("compute", "comm", "exposed_comm")}
+    assert all(abs(d) <= SELF_CHECK_PP for d in diffs.values()), diffs
 
 
 def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp_path):
@@ -90,7 +87,7 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
     a = analyze_run(run.path)
     assert a.comm is not None and a.comm.num_collectives_per_step >= 10
     assert a.breakdown.phases_s["exposed_comm"] > 0
-    _assert_self_check(run, SELF_CHECK_PP["fsdp2"])
+    _assert_self_check(run)
 
 
 def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path):
@@ -112,7 +109,7 @@ def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path
     # DDP's knobs do not apply to a script without DDP: the recommendation says what does.
     recs = [r for r in a.recommendations if r.category == "communication"]
     assert recs and "DDP instead" in recs[0].title and not recs[0].config_patch
-    _assert_self_check(run, SELF_CHECK_PP["allreduce"])
+    _assert_self_check(run)
 
 
 def _dynamo_line(text: str) -> dict:

@@ -9,9 +9,10 @@ metric                 always-on (step records of the compared steps)  trace (`a
 =====================  ==============================================  ==========================================
 step time              median ``step_s``                               median ``ProfilerStep#`` span (host), else
                                                                        span / steps
-compute share          (forward + backward compute + optimizer) /      CPU: ``compute_pct`` (`temporal_breakdown`);
-                       step time (`phase_frame`)                       GPU: the phases' kernel spans less exposed
-                                                                       comm (`phase_table`), kernel busy time beside
+compute share          (forward + backward compute + optimizer) /      the phase annotations (GPU: the spans of
+                       step time (`phase_frame`)                       their kernels) less the comm exposed in
+                                                                       them (`phase_table`); busy time and the
+                                                                       compute outside the phases beside it
 communication share    ``comm_s`` / step time                          ``comm_s`` / span (`comm_overlap`)
 exposed comm share     ``exposed_comm_s`` / step time                  ``exposed_comm_s`` / span (`comm_overlap`)
 =====================  ==============================================  ==========================================
@@ -22,8 +23,9 @@ the step time. A difference beyond ``[thresholds] selfcheck_pp`` is a finding.
 
 Clocks: the always-on side is the step records' ``clock`` ("host" or "device") when they
 carry one, else "host" (what the step probes time), marked as assumed. The trace's shares
-are device time on a GPU (kernels) and host time on a CPU (main-thread operators and gloo
-worker spans); its step time is host time (``ProfilerStep#`` annotations). On a GPU the
+are device time on a GPU (kernels) and host time on a CPU (main-thread operators, gloo
+worker spans, and the main thread's waits for collectives, which no event records); its
+step time is host time (``ProfilerStep#`` annotations). On a GPU the
 trace analysis drops the kernels of the window's last step (cut off by the end of the
 window, as HTA does), so that step is left out of both sides.
 """
@@ -211,20 +213,29 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
 
 
 def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> dict[str, Any]:
-    """The trace's compute share, on the always-on tier's basis where the trace allows.
+    """The trace's compute share, on the always-on tier's basis: the probed phases less exposed communication.
 
-    On a GPU the always-on phases are CUDA-event spans, idle gaps between kernels included: the
-    trace's counterpart is the span of the kernels launched inside each phase annotation
-    (`traces.phase_table`). Kernel busy time is kept beside it. On a CPU, and on a GPU trace
-    without phase annotations (recorded before they existed), the main thread's operators
-    and kernels are the basis.
+    The always-on tier's compute is its phases (forward, backward, optimizer step) less the
+    communication exposed in them; work outside them is "other" there. The trace's counterpart
+    is read inside the phase annotations the probes open in trace windows (`traces.phase_table`),
+    less the communication the trace shows exposed in them. On a GPU the always-on phases are
+    CUDA-event spans, idle gaps between kernels included: the trace's phase is the span of the
+    kernels launched inside its annotation. On a CPU both tiers mark a phase with host times,
+    so what the comparison tests there is the communication taken out of the phases (gloo
+    worker spans and the main thread's waits on the trace's side). Beside it: the trace's
+    busy time (kernels, or the main thread's operators: the gap to the phase share is the
+    Python between operators) and its compute outside the phases
+    (`trace_compute_outside_phases_pct`), which the always-on tier counts as other. A trace
+    without phase annotations (recorded before they existed) compares the busy time.
     """
-    kernels = float(breakdown["compute_pct"])
-    if breakdown["device"] == "gpu" and phases is not None:
-        return {"trace_compute_pct": float(phases["phase_compute_pct"]), "trace_compute_basis": "phase kernel spans",
-                "trace_kernel_compute_pct": kernels}
-    basis = "kernels" if breakdown["device"] == "gpu" else "operators"
-    return {"trace_compute_pct": kernels, "trace_compute_basis": basis, "trace_kernel_compute_pct": kernels}
+    busy = float(breakdown["compute_pct"])
+    gpu = breakdown["device"] == "gpu"
+    if phases is None:
+        return {"trace_compute_pct": busy, "trace_compute_basis": "kernels" if gpu else "operators",
+                "trace_kernel_compute_pct": busy, "trace_compute_outside_phases_pct": float("nan")}
+    return {"trace_compute_pct": float(phases["phase_compute_pct"]),
+            "trace_compute_basis": "phase kernel spans" if gpu else "phase spans",
+            "trace_kernel_compute_pct": busy, "trace_compute_outside_phases_pct": float(phases["busy_outside_pct"])}
 
 
 def _always_on(records: pd.DataFrame) -> dict[str, Any]:

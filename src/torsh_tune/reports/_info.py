@@ -236,10 +236,17 @@ def self_check_clocks(check: dict[str, Any]) -> str:
     step = o.get("trace_step_clock")
     step_what = "ProfilerStep# spans" if step == "host" else "span / steps"
     basis = {"phase kernel spans": "; trace compute: the spans of the kernels launched in each probed phase, "
-                                   "idle gaps included, as the always-on CUDA events measure "
-                                   f"(kernels busy {_pct(o.get('trace_kernel_compute_pct'))})",
+                                   "idle gaps included, as the always-on CUDA events measure, less exposed "
+                                   f"communication (kernels busy {_pct(o.get('trace_kernel_compute_pct'))})",
+             "phase spans": "; trace compute: the probed phases less the communication the trace shows exposed "
+                            f"in them (operators busy {_pct(o.get('trace_kernel_compute_pct'))} of the span, the "
+                            "Python between them left out)",
              "kernels": "; trace compute: kernel busy time (the trace has no phase annotations: idle gaps "
                         "inside phases count for the always-on side only)"}.get(str(o.get("trace_compute_basis")), "")
+    outside = o.get("trace_compute_outside_phases_pct")
+    if isinstance(outside, (int, float)) and outside == outside:
+        basis += (f"; compute outside forward, backward and the optimizer step (the always-on side's other): "
+                  f"{_pct(outside)} of the trace's span")
     return (f"always-on: {o.get('always_on_clock')} clock ({recorded}); trace: {trace} clock ({what}), "
             f"step time {step} clock ({step_what}){basis}")
 

@@ -23,11 +23,14 @@ from ...records import PHASE_ANNOTATION_PREFIX
 from . import _intervals as iv
 from ._model import TraceSet
 from ._table import Table
-from ._timeline import COMMUNICATION, Timeline
+from ._timeline import COMMUNICATION, COMPUTATION, Timeline
 
 __all__ = ["PHASE_COLUMNS", "phase_spans", "phase_table"]
 
-PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct"]
+_NONE = (np.empty(0), np.empty(0))
+
+PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct",
+                 "busy_inside_pct", "busy_outside_pct"]
 _PHASE_RE = "^" + re.escape(PHASE_ANNOTATION_PREFIX) + r"(?:forward|backward|optimizer)$"
 
 
@@ -62,7 +65,12 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
 
     Returns:
         One row per rank with phase annotations: rank, device, num_phases, phase_s,
-        phase_compute_s, phase_pct, phase_compute_pct (of the span `temporal_breakdown` uses).
+        phase_compute_s, phase_pct, phase_compute_pct (of the span `temporal_breakdown` uses);
+        busy_inside_pct, busy_outside_pct: the compute kernels' (CPU: the main thread's
+        operators') busy time inside the phases and outside them, e.g. a loss computed after
+        the model's forward, gradient arithmetic after backward, copies of the batch to the
+        device. On a CPU the busy time outside counts operators only (not a framework's
+        annotated Python, whose `Optimizer.step` annotation holds the profiler's own step end).
     """
     rows = []
     for rank, tl in timelines.items():
@@ -77,6 +85,14 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
         compute = phase - iv.overlap(union, exposed)
         span = hi - lo
         pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
+        busy = iv.clip(*tl.compute_intervals(), lo, hi)
+        ops = tl.kind == COMPUTATION
+        if tl.device != "gpu" and tl.rows is not None:
+            ev = trace.ranks[rank].table
+            ops &= ev["cat_id"][np.maximum(tl.rows, 0)] == trace.symbols.id_of("cpu_op")
+        operators = iv.subtract(iv.clip(tl.start_us[ops], tl.end_us[ops], lo, hi), tl.main_comm_us or _NONE)
         rows.append({"rank": rank, "device": tl.device, "num_phases": int(spans[0].size), "phase_s": phase / 1e6,
-                     "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute)})
+                     "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute),
+                     "busy_inside_pct": pct(iv.overlap(busy, union)),
+                     "busy_outside_pct": pct(iv.total(*operators) - iv.overlap(operators, union))})
     return Table.from_rows(rows, PHASE_COLUMNS)

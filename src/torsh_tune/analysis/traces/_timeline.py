@@ -20,6 +20,13 @@ from ._table import Table
 __all__ = ["CommPatterns", "Timeline", "rank_timeline", "step_spans"]
 
 COMPUTATION, COMMUNICATION, MEMORY = 0, 1, 2
+#: CPU timelines: the name of the main thread's waits for collectives (`_synchronous_waits`, `_scope_waits`).
+MAIN_THREAD_WAIT = "collective wait (main thread)"
+#: A main-thread gap after a synchronous collective's issue is its wait when the thread's next operator
+#: starts within this long of a gloo worker span's end inside the gap: its wake-up, tens of µs on an
+#: idle host and up to 9 ms seen with 2 ranks beside a test suite on 2 cores (the thread is runnable,
+#: not run); longer stretches are taken for Python the thread ran after an asynchronous call.
+SYNC_WAKE_US = 20_000.0
 KIND_NAMES = ("computation", "communication", "memory")
 
 
@@ -57,10 +64,12 @@ class Timeline:
     """One rank's device timeline as arrays (µs).
 
     ``device`` is "gpu" when the trace has GPU kernels, else "cpu": then ``kind`` labels
-    main-thread operators (computation) and communication comes from gloo worker
-    annotations, so the same breakdown/overlap code serves CPU runs. ``launch_us`` (GPU
-    only) is when the host launched each kernel (NaN when the launch is not in the trace).
-    ``rows`` are the entries' row indices in the rank's event table (stream, category...).
+    main-thread operators (computation) and communication comes from the main thread's c10d
+    calls, gloo worker annotations and the main thread's waits for synchronous collectives
+    (entries named `MAIN_THREAD_WAIT`, row -1: no event records them), so the same
+    breakdown/overlap code serves CPU runs. ``launch_us`` (GPU only) is when the host
+    launched each kernel (NaN when the launch is not in the trace). ``rows`` are the
+    entries' row indices in the rank's event table (stream, category...).
     """
 
     device: str
@@ -71,8 +80,9 @@ class Timeline:
     window_us: tuple[float, float]
     launch_us: np.ndarray | None = None
     rows: np.ndarray | None = None
-    # CPU only: the main thread's own c10d calls. They often run nested inside an operator that
-    # counts as computation (DDP's all-reduce inside autograd's AccumulateGrad): that time is not compute.
+    # CPU only: the main thread's own c10d calls and its waits for collectives. They often run nested
+    # inside an operator that counts as computation (DDP's all-reduce inside autograd's AccumulateGrad,
+    # FSDP's waits inside its post-backward): that time is not compute.
     main_comm_us: tuple[np.ndarray, np.ndarray] | None = None
 
     def compute_intervals(self) -> tuple[np.ndarray, np.ndarray]:
@@ -172,31 +182,64 @@ def main_thread(trace: RankTrace, symbols: SymbolTable) -> int:
     return int(tids[np.argmax(np.bincount(inverse, weights=ev["dur_us"][cpu]))])
 
 
-def _main_thread_comm(ev: Table, symbols: SymbolTable, patterns: CommPatterns, tid: int, main: np.ndarray,
-                      is_comm_issue: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The main thread's time in communication rather than compute, on a CPU trace.
+def _scope_waits(ev: Table, symbols: SymbolTable, patterns: CommPatterns, tid: int, s: np.ndarray,
+                 e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The main thread's waits inside the collectives a framework annotates, on a CPU trace.
 
-    Its own c10d calls, and the waits of the collectives a framework annotates (FSDP's
-    `FSDP::all_gather (i)`, `FSDP::post_backward_reduce (i)`): a synchronous collective's
-    `wait()` is no operator, so the time the thread blocks in it shows only as the self time
-    of whatever encloses it (an autograd operator such as `RegisterPostBackwardFunctionBackward`).
-    Inside such a scope, the time outside any leaf operator is the wait; leaf operators there
-    (FSDP's copy-in/copy-out) are compute.
+    FSDP's `FSDP::all_gather (i)`, `FSDP::post_backward_reduce (i)`: a collective's `wait()` is
+    no operator, so the time the thread blocks in it shows only as the self time of whatever
+    encloses it (an autograd operator such as `RegisterPostBackwardFunctionBackward`). Inside
+    such a scope, the time outside any leaf operator is the wait; leaf operators there (FSDP's
+    copy-in/copy-out) are compute.
     """
-    s = ev["ts_us"][main]
-    e = s + ev["dur_us"][main]
-    issue = (s[is_comm_issue], e[is_comm_issue])
     scope_rows = np.flatnonzero(~np.isnan(ev["dur_us"]) & (ev["tid"] == tid)
                                 & np.isin(ev["name_id"], symbols.ids_matching(patterns.comm_scopes)))
     if scope_rows.size == 0 or s.size == 0:
-        return issue
+        return np.empty(0), np.empty(0)
     scopes = (ev["ts_us"][scope_rows], ev["ts_us"][scope_rows] + ev["dur_us"][scope_rows])
-    order = np.lexsort((-e, s))  # by start, the enclosing operator first
-    so, eo = s[order], e[order]
-    leaf = np.ones(so.size, dtype=bool)
-    leaf[:-1] = so[1:] >= eo[:-1]  # on one thread operators nest: a parent's next operator starts inside it
-    waits = iv.subtract(scopes, (so[leaf], eo[leaf]))
-    return np.concatenate([issue[0], waits[0]]), np.concatenate([issue[1], waits[1]])
+    leaf = _leaves(s, e)
+    return iv.subtract(scopes, (s[leaf], e[leaf]))
+
+
+def _leaves(s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Which of one thread's events contain no other (operators nest: a parent's next event starts inside it)."""
+    order = np.lexsort((-e, s))  # by start, the enclosing event first
+    leaf = np.ones(s.size, dtype=bool)
+    leaf[order[:-1]] = s[order[1:]] >= e[order[:-1]]
+    return leaf
+
+
+def _synchronous_waits(s: np.ndarray, e: np.ndarray, is_comm_issue: np.ndarray, worker_end: np.ndarray,
+                       marks: np.ndarray, step_marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The main thread's waits for collectives it called synchronously (CPU trace, µs).
+
+    A synchronous collective (``dist.all_reduce(t)``) records its ``c10d::`` operator while it
+    issues the work, then blocks in ``Work.wait()``, which records nothing: the thread shows a
+    gap that ends when it wakes up after the gloo worker's span. That gap is the collective's
+    as the training step sees it (the always-on tier times the call, return included). A gap
+    on the main thread counts as such a wait when the last thing before it was a collective's
+    issue and the thread's next event (`marks`: the starts of its operators and annotations)
+    began within `SYNC_WAKE_US` of a worker span's end inside the gap: a thread that went on
+    with Python work after an asynchronous call does not resume on a worker's completion. A gap
+    that ends where a ``ProfilerStep#`` begins (`step_marks`) held the profiler's own step,
+    milliseconds of Python: it is left out.
+    """
+    if s.size == 0 or worker_end.size == 0 or not is_comm_issue.any():
+        return np.empty(0), np.empty(0)
+    # The thread is busy in its leaf operators and in its c10d calls (whatever those contain).
+    keep = _leaves(s, e) | is_comm_issue
+    bs, be = iv.merge(s[keep], e[keep])
+    gs = be[:-1]
+    marks = np.sort(marks)
+    ge = marks[np.minimum(np.searchsorted(marks, gs, side="right"), marks.size - 1)]  # the thread's next event
+    ge = np.minimum(ge, bs[1:])
+    after_issue = np.isin(gs, e[is_comm_issue])
+    ends = np.sort(worker_end)
+    last = np.searchsorted(ends, ge, side="right") - 1  # the last worker end at or before the gap's end
+    last_end = ends[np.maximum(last, 0)]
+    waited = (after_issue & (last >= 0) & (last_end > gs) & (ge - last_end <= SYNC_WAKE_US)
+              & ~np.isin(ge, step_marks))
+    return gs[waited], ge[waited]
 
 
 def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Timeline:
@@ -227,6 +270,17 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
         window = (float(s.min()), float(e.max()))
     else:
         window = (0.0, 0.0)
-    main_comm = _main_thread_comm(ev, symbols, patterns, tid, main, is_comm_issue)
-    return Timeline(device="cpu", start_us=s, end_us=e, kind=kind, name_id=names_all[rows], window_us=window,
-                    rows=rows, main_comm_us=main_comm)
+    # Its waits for synchronous collectives (no event records them) are communication. Neither those
+    # nor the time in FSDP's scopes outside its operators is the compute of an operator enclosing them;
+    # the scopes are not communication as a whole: they hold the Python of FSDP's hooks too.
+    ms, me = s[:main.size], e[:main.size]
+    scoped = _scope_waits(ev, symbols, patterns, tid, ms, me)
+    marks = ev["ts_us"][on_main]
+    waits = _synchronous_waits(ms, me, is_comm_issue, e[main.size:], marks, steps["start_us"])
+    main_comm = tuple(np.concatenate([x[is_comm_issue], y, z]) for x, y, z in zip((ms, me), scoped, waits))
+    n = waits[0].size
+    names = np.concatenate([names_all[rows], np.full(n, symbols.intern(MAIN_THREAD_WAIT), dtype=names_all.dtype)])
+    rows = np.concatenate([rows, np.full(n, -1, dtype=rows.dtype)])
+    kind = np.concatenate([kind, np.full(n, COMMUNICATION, dtype=np.int8)])
+    return Timeline(device="cpu", start_us=np.concatenate([s, waits[0]]), end_us=np.concatenate([e, waits[1]]),
+                    kind=kind, name_id=names, window_us=window, rows=rows, main_comm_us=main_comm)
