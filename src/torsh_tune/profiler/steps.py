@@ -15,11 +15,13 @@ CommRecord lines are written once they can be known:
 
 Everything here runs on the hot path, so it keeps to float arithmetic and list appends.
 Past the detailed steps (the warm-up, the first `DETAILED_STEPS` measured ones, trace windows)
-host-clock steps are finalized in batches of `FINALIZE_EVERY` (or of what waited
+host-clock steps are handed over in batches of `FINALIZE_EVERY` (or of what waited
 `FINALIZE_AFTER_S`): on a 2-core VM the first touch of any code after a training step costs
 5-15x its warm cost (getrusage 11 us, then 1.7 us), so one pass over 16 steps costs little
 more than one. Only what cannot wait is done per step: the previous step's DDP timers, read
-while they are still DDP's latest.
+while they are still DDP's latest. A host-clock step's records are made from its times on the
+writer's thread (`RecordWriter.finish_later`); a device-clock step's CUDA events are read
+here, and its lines queued behind the others, so every file keeps the order of its steps.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ class StepTracker:
                 if entry is not None:
                     entry["calls"].append(c)
                 elif self._writer is not None:  # after its step was written: its line alone
-                    self._writer.write_calls([c], self.call_sites)
+                    self._writer.finish_later(self._queue_late, c)
                 continue
             entry = by_step.get(c["step"])
             if entry is not None:
@@ -252,6 +254,13 @@ class StepTracker:
             return
         self._finish_comm(c, None)
         if self._writer is not None:
+            self._writer.finish_later(self._queue_late, c)
+
+    def _queue_late(self, c: dict[str, Any] | tuple) -> None:
+        """A collective whose step was written already: its line alone, behind its step's (writer's thread)."""
+        if type(c) is tuple:
+            self._writer.write_calls([c], self.call_sites)
+        else:
             self._writer.write("comm", c)
 
     def _ready(self, entry: dict[str, Any], *, newest: bool) -> bool:
@@ -269,25 +278,40 @@ class StepTracker:
 
     def _write_ready(self, *, wait: bool = False) -> None:
         peak: list[int] = []  # read once per batch, on its first record without one
+        writer = self._writer
         while self._queue:
             entry = self._queue[0]
-            newest = len(self._queue) == 1
             if wait:
                 _wait_for(entry)
-            elif not self._ready(entry, newest=newest):
+            elif not self._ready(entry, newest=len(self._queue) == 1):
                 break
             self._queue.popleft()
-            if "peak" not in entry:
+            if "peak" not in entry:  # a batched host-clock step
                 if not peak:
                     peak.append(self._peak_memory())
                 entry["peak"] = peak[0]
-            self._finalize(entry, last=newest)
-            if self._writer is not None:
-                for c in entry["comm"]:
-                    self._writer.write("comm", c)
-                if entry["calls"]:
-                    self._writer.write_calls(entry["calls"], self.call_sites)
-                self._writer.write("steps", entry["record"])
+            if writer is None:
+                self._finalize(entry)
+            elif entry.get("events") is not None or any("_start" in c for c in entry["comm"]):
+                self._finalize(entry)  # its CUDA events are read on this thread
+                writer.finish_later(self._queue_records, entry)
+            else:
+                # Nothing of it is left to read on this thread (its DDP timers were read): its record is
+                # made on the writer's thread. Every step goes through that one queue, so lines keep their order.
+                writer.finish_later(self._finish, entry)
+
+    def _finish(self, entry: dict[str, Any]) -> None:
+        """Make a closed host-clock step's records and queue them (on the writer's thread)."""
+        self._finalize(entry)
+        self._queue_records(entry)
+
+    def _queue_records(self, entry: dict[str, Any]) -> None:
+        writer = self._writer
+        for c in entry["comm"]:
+            writer.write("comm", c)
+        if entry["calls"]:
+            writer.write_calls(entry["calls"], self.call_sites)
+        writer.write("steps", entry["record"])
 
     def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The StepRecord of a closed step, from its times and phase events (host clock)."""
@@ -332,7 +356,7 @@ class StepTracker:
         }
         return record
 
-    def _finalize(self, entry: dict[str, Any], *, last: bool) -> None:
+    def _finalize(self, entry: dict[str, Any]) -> None:
         record, comm = self._record_of(entry), entry["comm"]
         if "read_timers" in entry and self.step_comm is not None:
             got = entry.get("ddp")
@@ -436,7 +460,7 @@ class StepTracker:
             _wait_comm(c)
             self._finish_comm(c, None)
             if self._writer is not None:
-                self._writer.write("comm", c)
+                self._writer.finish_later(self._queue_late, c)
         self._late.clear()
 
 

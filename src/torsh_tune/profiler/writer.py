@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..rundir import RunDir
 from ._clock import offset as _clock_offset
@@ -83,7 +83,8 @@ class RecordWriter:
 
     `write()` only appends the record to a list: encoding and file writes happen on the
     writer's own thread, every `flush_interval_s` and at `flush()`/`close()`, so the training
-    thread pays neither (json encoding was most of the probes' cost per collective). The
+    thread pays neither (json encoding was most of the probes' cost per collective); so does
+    making a step's records from its times (`finish_later`), before they are encoded. The
     thread gives the GIL back every few records, so a training thread that wants it waits
     tens of microseconds, not a switch interval. A record must not change once written.
     A failure to write is kept and raised by `close()`, never swallowed.
@@ -99,6 +100,9 @@ class RecordWriter:
         run_dir.ranks.mkdir(parents=True, exist_ok=True)
         self.error: BaseException | None = None
         self._call_sites: list[tuple[SharedFields, str]] = []
+        # Steps whose records are made here (`finish_later`): (finish, entry), appended by the training thread.
+        self._entries: list[tuple[Callable[[Any], None], Any]] = []
+        self._entries_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"torsh-writer-{rank}", daemon=True)
         self._thread.start()
@@ -115,10 +119,32 @@ class RecordWriter:
         self._call_sites = call_sites
         self._streams["comm"].pending.extend(calls)
 
+    def finish_later(self, finish: Callable[[Any], None], entry: Any) -> None:
+        """Have `finish(entry)` called on the writer's thread, before its next write of the queued records.
+
+        The tracker hands over the steps whose records need nothing from the training thread any more
+        (`StepTracker._write_ready`): `finish` makes their records and queues them here with `write`.
+        """
+        self._entries.append((finish, entry))
+
     def flush(self) -> None:
         """Write every queued record now, on the calling thread."""
+        self._finish_entries(yield_gil=False)
         for stream in self._streams.values():
             self._flush(stream, yield_gil=False)
+
+    def _finish_entries(self, *, yield_gil: bool) -> None:
+        with self._entries_lock:
+            n = len(self._entries)
+            jobs = self._entries[:n]
+            del self._entries[:n]  # appended meanwhile: kept for the next pass
+        for finish, entry in jobs:
+            try:
+                finish(entry)
+            except Exception as exc:  # noqa: BLE001 - kept for close(), which raises it; the other steps go on
+                self.error = self.error or exc
+            if yield_gil:  # a step's record is tens of µs of Python: the GIL goes back after each
+                time.sleep(0)
 
     def close(self) -> None:
         self._stop.set()
@@ -138,6 +164,7 @@ class RecordWriter:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             try:
+                self._finish_entries(yield_gil=True)
                 for stream in self._streams.values():
                     self._flush(stream, yield_gil=True)
             except Exception as exc:  # noqa: BLE001 - kept for close(), which raises it
