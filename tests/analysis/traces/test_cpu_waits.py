@@ -31,7 +31,7 @@ def _ann(name: str, ts: float, dur: float, *, tid: int = MAIN) -> dict:
 
 
 def _trace(tmp_path):
-    """One step. Forward 100-1100 (one operator). The loss runs after it, outside any phase.
+    """One step. The DataLoader collates its batch 20-80, then forward 100-1100 (one operator). The loss runs after it, outside any phase.
     Backward 1200-3000 holds a custom autograd function that all-reduces synchronously inside its
     operator: issued 1300-1350, run by the worker 1360-2000, the thread back at 2050. After backward
     a hand-written synchronous all-reduce: issued 3100-3150, run 3160-5000, the thread back at 5060
@@ -39,6 +39,7 @@ def _trace(tmp_path):
     thread runs Python for longer than a wake-up takes (`SYNC_WAKE_US`) before its next operator.
     Optimizer from there on."""
     ev = [_ann("ProfilerStep#5", 0, SPAN),
+          _ann("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 10, 80), _x("aten::stack", 20, 60),
           _ann("torsh-tune::forward", 100, 1000), _x("aten::mm", 150, 900),
           _x("aten::cross_entropy_loss", 1110, 80),
           _ann("torsh-tune::backward", 1200, 1800), _x("AllReduceFunctionBackward", 1250, 1700),
@@ -64,7 +65,7 @@ def test_a_synchronous_collectives_wait_is_communication_and_an_asynchronous_one
     assert overlap["comm_s"] * 1e6 == pytest.approx(750 + 1960 + 50 + 700)
     assert overlap["exposed_comm_s"] * 1e6 == pytest.approx(750 + 1960 + 50 + 700)
     # The wait inside the enclosing operator is not that operator's compute.
-    compute = 900 + 80 + (1700 - 750) + 100 + 100 + 700
+    compute = 60 + 900 + 80 + (1700 - 750) + 100 + 100 + 700
     assert a.breakdown.set_index("rank").loc[0, "compute_pct"] == pytest.approx(100 * compute / SPAN)
     top = a.top_kernels
     assert MAIN_THREAD_WAIT in set(top["name"]) and set(top.loc[top["name"] == MAIN_THREAD_WAIT, "kind"]) == {
@@ -75,7 +76,7 @@ def test_the_phases_compute_and_the_compute_outside_them(tmp_path):
     row = _trace(tmp_path).phases.set_index("rank").loc[0]
     # forward 1000 + backward 1800 less its exposed comm 750 + optimizer 800
     assert row["phase_compute_pct"] == pytest.approx(100 * (1000 + 1050 + 800) / SPAN)
-    # the loss, the gradient division and the add after the asynchronous call
+    # the loss, the gradient division and the add after the asynchronous call; not the collate (data)
     assert row["busy_outside_pct"] == pytest.approx(100 * (80 + 100 + 100) / SPAN)
 
 

@@ -32,6 +32,7 @@ _NONE = (np.empty(0), np.empty(0))
 PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct",
                  "busy_inside_pct", "busy_outside_pct"]
 _PHASE_RE = "^" + re.escape(PHASE_ANNOTATION_PREFIX) + r"(?:forward|backward|optimizer)$"
+_LOADER_RE = r"^enumerate\(DataLoader\)"
 
 
 def phase_spans(trace: TraceSet, rank: int, timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +71,8 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
         operators') busy time inside the phases and outside them, e.g. a loss computed after
         the model's forward, gradient arithmetic after backward, copies of the batch to the
         device. On a CPU the busy time outside counts operators only (not a framework's
-        annotated Python, whose `Optimizer.step` annotation holds the profiler's own step end).
+        annotated Python, whose `Optimizer.step` annotation holds the profiler's own step end),
+        and not those inside the DataLoader's annotation (the collate: the always-on data time).
     """
     rows = []
     for rank, tl in timelines.items():
@@ -87,10 +89,16 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
         pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
         busy = iv.clip(*tl.compute_intervals(), lo, hi)
         ops = tl.kind == COMPUTATION
+        not_compute = tl.main_comm_us or _NONE
         if tl.device != "gpu" and tl.rows is not None:
             ev = trace.ranks[rank].table
             ops &= ev["cat_id"][np.maximum(tl.rows, 0)] == trace.symbols.id_of("cpu_op")
-        operators = iv.subtract(iv.clip(tl.start_us[ops], tl.end_us[ops], lo, hi), tl.main_comm_us or _NONE)
+            # The batch's collate runs inside the DataLoader's annotation: the always-on side's data time.
+            loader = np.flatnonzero(np.isin(ev["name_id"], trace.symbols.ids_matching(_LOADER_RE))
+                                    & ~np.isnan(ev["dur_us"]))
+            starts = ev["ts_us"][loader]
+            not_compute = tuple(np.concatenate(x) for x in zip(not_compute, (starts, starts + ev["dur_us"][loader])))
+        operators = iv.subtract(iv.clip(tl.start_us[ops], tl.end_us[ops], lo, hi), not_compute)
         rows.append({"rank": rank, "device": tl.device, "num_phases": int(spans[0].size), "phase_s": phase / 1e6,
                      "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute),
                      "busy_inside_pct": pct(iv.overlap(busy, union)),
