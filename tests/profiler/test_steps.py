@@ -454,6 +454,44 @@ def test_slow_steps_are_not_held_back_by_the_batch(run, writer):
     assert waiting[DETAILED_STEPS:] == [1, 2, 0, 1, 2, 0]
 
 
+def test_host_clock_records_are_made_on_the_writers_thread_in_step_order(run):
+    import threading
+    import time
+
+    from torsh_tune.profiler.steps import _OFFSET, DETAILED_STEPS
+
+    writer = RecordWriter(run, 3, flush_interval_s=0.02)
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.call_sites.append((SharedFields({"rank": 3, "collective": "all_reduce", "issuer": "user"}), "user"))
+    threads = []
+    finalize = tracker._finalize
+    tracker._finalize = lambda entry: (threads.append(threading.current_thread().name), finalize(entry))[1]
+    n = DETAILED_STEPS + 40  # detailed steps, then batches
+    for i in range(n):
+        t = 10.0 + 0.01 * i
+        tracker.on_forward(t, t + 0.005, 2)
+        tracker.on_optimizer(t + 0.005, t + 0.01)
+        tracker.end_step(t + 0.01)
+        # the step before's call, arriving late: filed with its step, or its line alone once that one was handed over
+        tracker.comm_done.append((0, max(0, i - 1), i, 8, t - _OFFSET, t + 0.001 - _OFFSET))
+    tracker.flush_pending()
+    deadline = time.monotonic() + 10
+    while len(threads) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(threads) == n and set(threads) == {"torsh-writer-3"}, (len(threads), set(threads))
+    writer.close()
+    steps = [json.loads(line) for line in run.rank_file(3, "steps").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(n))
+    comm = [json.loads(line) for line in run.rank_file(3, "comm").read_text().splitlines()]
+    assert sorted(c["seq"] for c in comm) == list(range(n))
+
+
+def test_a_record_that_cannot_be_made_is_kept_and_raised_by_close(run):
+    writer = RecordWriter(run, 3, flush_interval_s=60)
+    writer.finish_later(lambda entry: entry["missing"], {})
+    with pytest.raises(OSError, match="could not all be written"):
+        writer.close()
+
 
 def test_a_host_call_that_arrives_after_its_step_was_written_gets_its_line_alone(run, writer):
     from torsh_tune.profiler.steps import _OFFSET
@@ -462,7 +500,7 @@ def test_a_host_call_that_arrives_after_its_step_was_written_gets_its_line_alone
     tracker.call_sites.append((SharedFields({"rank": 3, "collective": "all_reduce", "issuer": "user"}), "user"))
     tracker.on_forward(10.0, 10.5, 2)
     tracker.on_optimizer(10.5, 11.0)
-    tracker.end_step(11.0)  # a detailed step: written at once
+    tracker.end_step(11.0)  # a detailed step: handed to the writer at once
     assert [s["step"] for s in _lines(run, writer, "steps")] == [0]
     tracker.comm_done.append((0, 0, 0, 64, 10.6 - _OFFSET, 10.7 - _OFFSET))  # step 0's call, handed over late
     tracker.on_forward(11.0, 11.5, 2)
@@ -471,6 +509,7 @@ def test_a_host_call_that_arrives_after_its_step_was_written_gets_its_line_alone
     (c,) = _lines(run, writer, "comm")
     assert (c["step"], c["seq"], c["bytes"], c["issuer"]) == (0, 0, 64, "user")
     assert (c["t_issue"], c["duration_s"], c["blocked_s"]) == pytest.approx((10.6, 0.1, 0.1), abs=1e-6)
+
 
 def test_blocked_time_is_split_over_phases_as_a_comparison_of_every_pair_would():
     import random

@@ -35,7 +35,7 @@ def test_shared_fields_are_written_once_per_record_with_its_own_fields(tmp_path)
 
 
 def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_write_it(tmp_path):
-    # A synchronous host-clock call's tuple takes its kind's template; its record (steps.host_call_record),
+    # A synchronous host-clock call's tuple takes its kind's template; its record (helpers.host_call_record),
     # the same fields in another order, or a record with one more field, take the encoder: the lines read
     # the same.
     from helpers import host_call_record

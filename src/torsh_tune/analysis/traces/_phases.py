@@ -30,7 +30,7 @@ __all__ = ["PHASE_COLUMNS", "phase_spans", "phase_table"]
 _NONE = (np.empty(0), np.empty(0))
 
 PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct",
-                 "busy_inside_pct", "busy_outside_pct"]
+                 "busy_outside_pct"]
 _PHASE_RE = "^" + re.escape(PHASE_ANNOTATION_PREFIX) + r"(?:forward|backward|optimizer)$"
 _LOADER_RE = r"^enumerate\(DataLoader\)"
 
@@ -67,12 +67,12 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
     Returns:
         One row per rank with phase annotations: rank, device, num_phases, phase_s,
         phase_compute_s, phase_pct, phase_compute_pct (of the span `temporal_breakdown` uses);
-        busy_inside_pct, busy_outside_pct: the compute kernels' (CPU: the main thread's
-        operators') busy time inside the phases and outside them, e.g. a loss computed after
-        the model's forward, gradient arithmetic after backward, copies of the batch to the
-        device. On a CPU the busy time outside counts operators only (not a framework's
-        annotated Python, whose `Optimizer.step` annotation holds the profiler's own step end),
-        and not those inside the DataLoader's annotation (the collate: the always-on data time).
+        busy_outside_pct: the compute kernels' (CPU: the main thread's operators') busy time
+        outside the phases, e.g. a loss computed after the model's forward, gradient arithmetic
+        after backward, copies of the batch to the device. On a CPU it counts operators only
+        (not a framework's annotated Python, whose `Optimizer.step` annotation holds the
+        profiler's own step end), and not those inside the DataLoader's annotation (the
+        collate: the always-on data time).
     """
     rows = []
     for rank, tl in timelines.items():
@@ -87,7 +87,6 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
         compute = phase - iv.overlap(union, exposed)
         span = hi - lo
         pct = (lambda x: 100.0 * x / span) if span > 0 else (lambda x: float("nan"))
-        busy = iv.clip(*tl.compute_intervals(), lo, hi)
         ops = tl.kind == COMPUTATION
         not_compute = tl.main_comm_us or _NONE
         if tl.device != "gpu" and tl.rows is not None:
@@ -101,6 +100,5 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
         operators = iv.subtract(iv.clip(tl.start_us[ops], tl.end_us[ops], lo, hi), not_compute)
         rows.append({"rank": rank, "device": tl.device, "num_phases": int(spans[0].size), "phase_s": phase / 1e6,
                      "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute),
-                     "busy_inside_pct": pct(iv.overlap(busy, union)),
                      "busy_outside_pct": pct(iv.total(*operators) - iv.overlap(operators, union))})
     return Table.from_rows(rows, PHASE_COLUMNS)
