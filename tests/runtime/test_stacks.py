@@ -53,8 +53,8 @@ def _assert_steps_and_forward(run: RunDir) -> list[list[dict]]:
 
 # The self-check (always-on vs the Kineto trace of the same steps), in pp: the 5 pp.
 # Measured 2026-11-27 with 2 ranks beside a running test suite on 2 cores, 3 runs each: the
-# hand-written all-reduce (width 1024) compute -0.6 to -2.2, comm and exposed -0.1 to +0.3; FSDP2
-# compute -0.1 to +0.3, comm and exposed -0.1 to +0.2. Before the trace counted the main thread's
+# hand-written all-reduce (width 1024) compute -0.6 to -2.2, comm and exposed +0.2 to +0.6; FSDP2
+# compute -0.5 to 0, comm and exposed +0.3 to +0.6. Before the trace counted the main thread's
 # waits for synchronous collectives (it wakes up after the gloo worker's span: ms on a loaded host)
 # and compared compute on the phases (the trace's operators outside them, e.g. the gradient
 # division, are the always-on side's other), comm reached +7.7 and compute -5.3.
