@@ -123,8 +123,14 @@ def test_the_threshold_comes_from_the_run_config(run_copy):
     (check,) = analyze_run(run).self_check
     assert check.threshold_pp == 50.0 and check.findings == ()
     (check,) = analyze_run(run, thresholds=ThresholdsConfig(selfcheck_pp=5.0)).self_check
-    # comm: +1.2 pp since the trace counts the main thread's waits between DDP's buckets (+8.5 before)
-    assert {f["metric"] for f in check.findings} == {"step", "compute", "exposed_comm"}
+    # comm: +5.4 pp (rank 1: +10.7), one step's stall. Step by step the trace's comm now matches the
+    # reducer's records within 0.2 ms, except rank 1's step 10, whose thread stalled 5.9 ms inside an
+    # `aten::as_strided` after the all-reduce had ended: the reducer's window holds that stall
+    # (tests/data/trace_window/README.md). Until gloo spans were bounded by the reducer's copies, a
+    # span of rank 1's step 8 that ended 3.6 ms late hid it (+1.2 pp).
+    assert {f["metric"] for f in check.findings} == {"step", "compute", "comm", "exposed_comm"}
+    comm = next(f for f in check.findings if f["metric"] == "comm")
+    assert comm["ranks"] == [1] and 4.0 < check.overall["comm_diff_pp"] < 7.0
 
 
 def test_the_records_clock_is_shown_beside_their_numbers(run_copy):
