@@ -134,17 +134,19 @@ class RecordWriter:
             self._flush(stream, yield_gil=False)
 
     def _finish_entries(self, *, yield_gil: bool) -> None:
+        # One finisher at a time (the writer's thread, or flush() after a join that timed out), so that
+        # the steps' lines keep their order. The training thread only appends: it never waits for this lock.
         with self._entries_lock:
             n = len(self._entries)
             jobs = self._entries[:n]
             del self._entries[:n]  # appended meanwhile: kept for the next pass
-        for finish, entry in jobs:
-            try:
-                finish(entry)
-            except Exception as exc:  # noqa: BLE001 - kept for close(), which raises it; the other steps go on
-                self.error = self.error or exc
-            if yield_gil:  # a step's record is tens of µs of Python: the GIL goes back after each
-                time.sleep(0)
+            for finish, entry in jobs:
+                try:
+                    finish(entry)
+                except Exception as exc:  # noqa: BLE001 - kept for close(), which raises it; the other steps go on
+                    self.error = self.error or exc
+                if yield_gil:  # a step's record is tens of µs of Python: the GIL goes back after each
+                    time.sleep(0)
 
     def close(self) -> None:
         self._stop.set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from torsh_tune.analysis.traces import load_traces
+from torsh_tune.analysis.traces import load_traces, rank_collectives
 from torsh_tune.analysis.traces._timeline import CommPatterns, rank_timeline
 
 PID, MAIN, WORKER = 100, 100, 200
@@ -44,7 +44,12 @@ def _worker_spans(tmp_path, *, copies: bool) -> list[tuple[float, float]]:
     traces = load_traces(tmp_path)
     tl = rank_timeline(traces.ranks[0], traces.symbols, CommPatterns())
     gloo = tl.name_id == traces.symbols.id_of("gloo:all_reduce")
-    return sorted(zip(tl.start_us[gloo].tolist(), tl.end_us[gloo].tolist()))
+    spans = sorted(zip(tl.start_us[gloo].tolist(), tl.end_us[gloo].tolist()))
+    # The per-collective table (durations, stragglers, bus bandwidth) reads the same ends.
+    coll = rank_collectives(traces.ranks[0], traces.symbols, CommPatterns())
+    assert sorted(zip(coll["start_us"].tolist(), coll["end_us"].tolist())) == spans
+    assert (coll["dur_us"] == coll["end_us"] - coll["start_us"]).all()
+    return spans
 
 
 def test_a_bucket_span_still_open_after_the_reducers_copies_ends_with_them(tmp_path):

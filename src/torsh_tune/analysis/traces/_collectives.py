@@ -24,7 +24,7 @@ from ._model import RankTrace
 from ._parser import dtype_bytes
 from ._symbols import SymbolTable
 from ._table import Table, strings
-from ._timeline import CommPatterns
+from ._timeline import CommPatterns, gloo_span_ends
 
 __all__ = ["COLLECTIVE_COLUMNS", "rank_collectives", "normalize_collective"]
 
@@ -157,8 +157,9 @@ def _gloo(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns) -> Tab
     if work.size == 0:
         return _frame({})
     pending: dict[str, deque] = defaultdict(deque)
-    for w in _events(ev, work):
-        pending[normalize_collective(symbols[w.name_id])].append(w)
+    # A DDP bucket's span ends at the latest when the reducer used its result (`gloo_span_ends`).
+    for w, end in zip(_events(ev, work), gloo_span_ends(trace, symbols, patterns, work).tolist()):
+        pending[normalize_collective(symbols[w.name_id])].append(w._replace(dur_us=end - w.ts_us))
     pairs = []  # (issue op or None, worker span)
     for op in _events(ev, sorted_rows(patterns.c10d_ops)):
         kind = normalize_collective(symbols[op.name_id])

@@ -23,7 +23,7 @@ from ...records import PHASE_ANNOTATION_PREFIX
 from . import _intervals as iv
 from ._model import TraceSet
 from ._table import Table
-from ._timeline import COMMUNICATION, COMPUTATION, Timeline
+from ._timeline import COMMUNICATION, COMPUTATION, LOADER_ANNOTATION, Timeline
 
 __all__ = ["PHASE_COLUMNS", "phase_spans", "phase_table"]
 
@@ -32,7 +32,6 @@ _NONE = (np.empty(0), np.empty(0))
 PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct",
                  "busy_outside_pct"]
 _PHASE_RE = "^" + re.escape(PHASE_ANNOTATION_PREFIX) + r"(?:forward|backward|optimizer)$"
-_LOADER_RE = r"^enumerate\(DataLoader\)"
 
 
 def phase_spans(trace: TraceSet, rank: int, timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
@@ -93,7 +92,7 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
             ev = trace.ranks[rank].table
             ops &= ev["cat_id"][np.maximum(tl.rows, 0)] == trace.symbols.id_of("cpu_op")
             # The batch's collate runs inside the DataLoader's annotation: the always-on side's data time.
-            loader = np.flatnonzero(np.isin(ev["name_id"], trace.symbols.ids_matching(_LOADER_RE))
+            loader = np.flatnonzero(np.isin(ev["name_id"], trace.symbols.ids_matching(LOADER_ANNOTATION))
                                     & ~np.isnan(ev["dur_us"]))
             starts = ev["ts_us"][loader]
             not_compute = tuple(np.concatenate(x) for x in zip(not_compute, (starts, starts + ev["dur_us"][loader])))

@@ -17,7 +17,7 @@ from ._model import RankTrace
 from ._symbols import SymbolTable
 from ._table import Table
 
-__all__ = ["CommPatterns", "Timeline", "rank_timeline", "step_spans"]
+__all__ = ["CommPatterns", "Timeline", "gloo_span_ends", "rank_timeline", "step_spans"]
 
 COMPUTATION, COMMUNICATION, MEMORY = 0, 1, 2
 #: CPU timelines: the name of the main thread's waits for collectives (`_synchronous_waits`, `_scope_waits`).
@@ -28,6 +28,8 @@ MAIN_THREAD_WAIT = "collective wait (main thread)"
 #: not run); longer stretches are taken for Python the thread ran after an asynchronous call.
 SYNC_WAKE_US = 20_000.0
 KIND_NAMES = ("computation", "communication", "memory")
+#: The profiler's annotation around a DataLoader's `__next__` (the batch's fetch and collate).
+LOADER_ANNOTATION = r"^enumerate\(DataLoader\)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,9 +249,13 @@ def _synchronous_waits(s: np.ndarray, e: np.ndarray, is_comm_issue: np.ndarray, 
     return gs[waited], ge[waited]
 
 
-def _reducer_completions(ev: Table, symbols: SymbolTable, patterns: CommPatterns, tid: int, ws: np.ndarray,
-                         we: np.ndarray, steps: Table) -> np.ndarray:
-    """Gloo worker span ends, the ones of DDP's bucket all-reduces bounded by the reducer's use of them (CPU, µs).
+def gloo_span_ends(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns, rows: np.ndarray, *,
+                   tid: int | None = None, steps: Table | None = None) -> np.ndarray:
+    """The ends (µs) of the gloo worker spans at `rows`, DDP buckets' bounded by the reducer's use of them.
+
+    Both readers of gloo spans take their ends from here: the CPU timeline (`rank_timeline`) and the
+    per-collective table (`_collectives.rank_collectives`). `tid` (the main thread) and `steps`
+    (`step_spans`) are found when not given.
 
     A gloo worker thread closes its span in a callback that runs after it completed the work and woke
     the waiting thread. On a busy host the woken training thread often takes the core first, and the
@@ -261,9 +267,13 @@ def _reducer_completions(ev: Table, symbols: SymbolTable, patterns: CommPatterns
     for a bucket, then copies it). Without such copies (`gradient_as_bucket_view`, no DDP) the
     spans are kept as they are.
     """
-    out = we.copy()
+    ev = trace.table
+    ws = ev["ts_us"][rows]
+    out = ws + ev["dur_us"][rows]
+    steps = step_spans(ev, symbols) if steps is None else steps
     if ws.size == 0 or len(steps) == 0:
         return out
+    tid = main_thread(trace, symbols) if tid is None else tid
     on_main = ~np.isnan(ev["dur_us"]) & (ev["tid"] == tid)
     copies = np.flatnonzero(on_main & np.isin(ev["name_id"], symbols.ids_matching(patterns.reducer_copies)))
     if copies.size == 0:
@@ -285,7 +295,7 @@ def _reducer_completions(ev: Table, symbols: SymbolTable, patterns: CommPatterns
     k_span = np.searchsorted(st, ws, side="right") - 1
     k = np.maximum(k_span, 0)
     bounded = (k_span >= 0) & (ws < en[k]) & (ws >= first_bwd[k]) & (ws < first_copy[k])  # NaN compares False
-    out[bounded] = np.minimum(we[bounded], last_copy_end[k[bounded]])
+    out[bounded] = np.minimum(out[bounded], last_copy_end[k[bounded]])
     return out
 
 
@@ -300,7 +310,7 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     # torsh-tune's own phase annotations span communication waits too (phase_table reads them).
     annotated = (on_main & (ev["cat_id"] == symbols.id_of("user_annotation"))
                  & ~np.isin(names_all, symbols.ids_matching(
-                     rf"^ProfilerStep#|^enumerate\(DataLoader\)|{patterns.gloo_worker}|{patterns.comm_scopes}"
+                     rf"^ProfilerStep#|{LOADER_ANNOTATION}|{patterns.gloo_worker}|{patterns.comm_scopes}"
                      rf"|^{re.escape(PHASE_ANNOTATION_PREFIX)}")))
     main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated)
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
@@ -309,7 +319,7 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     s = ev["ts_us"][rows]
     e = s + ev["dur_us"][rows]
     steps = step_spans(ev, symbols)
-    e[main.size:] = _reducer_completions(ev, symbols, patterns, tid, s[main.size:], e[main.size:], steps)
+    e[main.size:] = gloo_span_ends(trace, symbols, patterns, worker, tid=tid, steps=steps)
     kind = np.concatenate([np.where(is_comm_issue, COMMUNICATION, COMPUTATION).astype(np.int8),
                            np.full(worker.size, COMMUNICATION, dtype=np.int8)])
     if len(steps):
