@@ -12,7 +12,11 @@ from round to round, so every arm takes every position equally often), each runn
 - trial:    `autotune.runner.run_measured` in this process, with the tuner's per-run config
             (profiler on, 2 warm-up + 3 measured steps: the step budget stops the script at
             step 5 as it stops a trial), then the objective read back (`measure_run`).
-            What every tuner trial does; the tuner process is already running.
+            The tuner process is already running; torchrun's agent starts as a new process
+            (`--no-warm-agent`).
+- trial_warm: the same with a study's warm agent server (`launch.warm.WarmAgents`, started
+            once in the untimed round): torchrun's agent is forked from a process that has
+            torch imported. What every tuner trial does by default.
 - cli:      `torsh-tune profile --quiet --nproc-per-node 2 --warmup-steps 2 --steps 3 ...`
             as a command (adds the CLI's start and the report).
 
@@ -44,7 +48,8 @@ from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "ddp_mlp.py"
-ARMS = ("torchrun", "torchrun_flags", "trial", "cli")
+ARMS = ("torchrun", "torchrun_flags", "trial", "trial_warm", "cli")
+_WARM: list[Any] = []  # the trial_warm arm's one WarmAgents, as a study holds one for all its runs
 WARMUP_STEPS, MEASURED_STEPS = 2, 3
 
 # Written next to the runs and put first on PYTHONPATH: only ranks (RANK is set) take notes.
@@ -159,6 +164,11 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> dict[str,
     else:
         from torsh_tune.autotune import fresh_run_dir, run_measured
         from torsh_tune.config import LaunchConfig, RunConfig
+        from torsh_tune.launch.warm import WarmAgents
+
+        if arm == "trial_warm" and not _WARM:
+            _WARM.append(WarmAgents())
+        agents = _WARM[0] if arm == "trial_warm" else None
 
         # The tuner's per-run config (study._budgeted): the step budget ends the script.
         config = RunConfig(launch=LaunchConfig(nproc_per_node=args.nproc)).apply_patch(
@@ -167,7 +177,8 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> dict[str,
         os.environ.update(env)  # launch_run hands this process's environment to torchrun
         try:
             with _supervisor_probes() as sup_notes:
-                run = run_measured(config, fresh_run_dir(work / "runs", f"trial-{i}"), SCRIPT, script_args)
+                run = run_measured(config, fresh_run_dir(work / "runs", f"{arm}-{i}"), SCRIPT, script_args,
+                                   agents=agents)
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -198,7 +209,9 @@ def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> dict[str,
             "finished_to_done_s": t_end - rec["finished"],
             "steps_recorded": rec["steps_recorded"],
         })
-    if arm == "trial":
+    if arm in ("trial", "trial_warm"):
+        if agents is not None and json.loads((run_dir / "run.json").read_text()).get("agent_start") != "forked":
+            raise SystemExit(f"{arm} run {i}: the agent was not forked ({agents.failed})")
         row.update({
             "atexit_to_torchrun_exit_seen_s": sup_notes["t_finish_entered"] - rank_atexit,
             "leftover_scan_s": sup_notes["kill_run_processes_s"],
@@ -228,10 +241,10 @@ _PHASES = (
 
 # The trial arm's "rank atexit -> run finished", split by the supervisor probes.
 _SUPERVISOR = (
-    ("atexit_to_torchrun_exit_seen_s", "trial: rank atexit -> torchrun exit seen (finalize, torchrun)"),
-    ("leftover_scan_s", "trial: scan for leftover processes (kill_run_processes)"),
-    ("log_join_s", "trial: log demultiplexer join"),
-    ("classify_and_run_json_s", "trial: classify_run + finish_run_info (run.json)"),
+    ("atexit_to_torchrun_exit_seen_s", "trial_warm: rank atexit -> torchrun exit seen (finalize, torchrun)"),
+    ("leftover_scan_s", "trial_warm: scan for leftover processes (kill_run_processes)"),
+    ("log_join_s", "trial_warm: log demultiplexer join"),
+    ("classify_and_run_json_s", "trial_warm: classify_run + finish_run_info (run.json)"),
 )
 
 
@@ -259,6 +272,8 @@ def main() -> None:
             print(f"round {i}: " + "   ".join(f"{arm} {res[arm]['wall_s']:5.2f} s" for arm in order)
                   + f"   trial-torchrun {res['trial']['wall_s'] - res['torchrun']['wall_s']:+.2f} s", flush=True)
 
+    if _WARM:
+        _WARM[0].close()
     by_arm = {arm: [r for r in rows if r["arm"] == arm] for arm in ARMS}
     by_round = {(r["round"], r["arm"]): r for r in rows}
     rounds = range(args.rounds)
@@ -268,8 +283,9 @@ def main() -> None:
     delta = {arm: _stats(d) for arm, d in deltas.items()}
     common = {k: {arm: _stats([r[k] for r in by_arm[arm]])["median"] for arm in ARMS}
               for k in ("to_rank_start_s", "in_ranks_s", "after_ranks_s")}
-    phases = {k: {arm: _stats([r[k] for r in by_arm[arm]])["median"] for arm in ("trial", "cli")} for k, _ in _PHASES}
-    supervisor = {k: _stats([r[k] for r in by_arm["trial"]])["median"] for k, _ in _SUPERVISOR}
+    torsh_arms = ("trial", "trial_warm", "cli")
+    phases = {k: {arm: _stats([r[k] for r in by_arm[arm]])["median"] for arm in torsh_arms} for k, _ in _PHASES}
+    supervisor = {k: _stats([r[k] for r in by_arm["trial_warm"]])["median"] for k, _ in _SUPERVISOR}
 
     print()
     print(f"{'arm':<16}{'wall, median':>14}{'IQR':>18}{'vs torchrun, median of ' + str(args.rounds) + ' rounds':>34}"
@@ -289,7 +305,7 @@ def main() -> None:
         print(f"{label:<58}" + "".join(f"{common[k][arm]:16.2f}" for arm in ARMS))
     print()
     for k, label in _PHASES:
-        print(f"  {label:<56}{'':>32}{phases[k]['trial']:16.2f}{phases[k]['cli']:16.2f}")
+        print(f"  {label:<56}{'':>32}" + "".join(f"{phases[k][arm]:16.2f}" for arm in torsh_arms))
     print()
     for k, label in _SUPERVISOR:
         print(f"  {label:<56}{'':>32}{supervisor[k]:16.3f}")
@@ -303,7 +319,7 @@ def main() -> None:
         "wall_s": wall,
         "delta_vs_torchrun_s": delta,
         "target_s": 0.5,
-        "trial_meets_target": delta["trial"]["median"] <= 0.5,
+        "trial_meets_target": delta["trial_warm"]["median"] <= 0.5,
         "phases_common_median_s": common,
         "phases_torsh_median_s": phases,
         "supervisor_after_exit_median_s": supervisor,

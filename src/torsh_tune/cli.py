@@ -179,6 +179,8 @@ def _add_study_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pruner-startup-trials", type=_NON_NEGATIVE_INT, metavar="N",
                    help=helped("pruner_startup_trials"))
     g.add_argument("--max-peak-mem-bytes", type=_POSITIVE_INT, metavar="BYTES", help=helped("max_peak_mem_bytes"))
+    g.add_argument("--warm-agent", action=argparse.BooleanOptionalAction, default=StudyConfig.warm_agent,
+                   help=helped("warm_agent"))
     g.add_argument("--main-job", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -193,6 +195,7 @@ def _study_config(args: argparse.Namespace, config: RunConfig, *, api_mode: bool
         pruner_percentile=args.pruner_percentile, pruner_warmup_steps=args.pruner_warmup_steps,
         pruner_startup_trials=args.pruner_startup_trials, include_compression=not args.no_compression,
         api_mode=api_mode, allow_batch_changes=args.allow_batch_changes, reference_bench=args.reference_bench,
+        warm_agent=args.warm_agent,
     ).validate()
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from torsh_tune.config import BudgetConfig, LaunchConfig, RunConfig
 from torsh_tune.launch import Progress, RunOutcome, launch_run
+from torsh_tune.launch.warm import WarmAgents
 from torsh_tune.rundir import RunDir, new_run_dir
 
 from helpers import run_survivors
@@ -44,7 +45,9 @@ class Launched:
         return "\n".join(self.lines)
 
 
-def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] = (), on_progress=None) -> Launched:
+def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] = (), on_progress=None,
+            agents: WarmAgents | None = None) -> Launched:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "script.py"
     header = "import os, sys, time, signal, json, subprocess\nRANK = int(os.environ['RANK'])\n"
     script.write_text(header + textwrap.dedent(body))
@@ -58,7 +61,7 @@ def _launch(tmp_path: Path, body: str, config: RunConfig, args: tuple[str, ...] 
             on_progress(p)
 
     outcome = launch_run(config, rd, script, list(args), argv=["torsh-tune", "script.py"], echo=lines.append,
-                         on_progress=record)
+                         on_progress=record, agents=agents)
     launched = Launched(outcome, rd, lines, progress)
     # whatever happened, nothing of the run survives and run.json tells how it ended
     assert run_survivors(launched.info["run_id"]) == []
@@ -95,6 +98,7 @@ def test_output_is_prefixed_live_and_filed_per_rank(tmp_path: Path) -> None:
     script = str((tmp_path / "script.py").resolve())
     assert run.info["command"][-5:] == [script, "--hidden", "5", "--steps", "x"] == [run.info["script"], *run.info["script_args"]]
     assert json.loads(run.run_dir.config_json.read_text())["launch"]["nproc_per_node"] == 2
+    assert run.info["agent_start"] == "new_process"
 
 
 def test_progress_from_step_files_keeps_a_slow_run_alive(tmp_path: Path) -> None:
@@ -307,3 +311,64 @@ def test_sigterm_to_the_supervisor_stops_the_job(tmp_path: Path) -> None:
     assert "STATUS interrupted the supervisor received SIGTERM" in rest, seen + [rest]
     assert info["status"] == "interrupted"
     assert run_survivors(info["run_id"]) == []
+
+
+# -- warm agents (a study's runs: torchrun's agent forked from a server that imported torch) ----------
+
+
+@pytest.fixture(scope="module")
+def warm():
+    with WarmAgents() as agents:
+        yield agents
+
+
+def test_a_forked_agent_runs_the_job_as_a_new_process_would(tmp_path: Path, warm: WarmAgents) -> None:
+    body = """
+        print(f"hello from {RANK} args={sys.argv[1:]} cwd={os.getcwd()} marker={os.environ.get('MARKER')}")
+        print(f"warning on {RANK}", file=sys.stderr)
+        """
+    config = RunConfig(launch=LaunchConfig(nproc_per_node=2, env={"MARKER": "run-env"}),
+                       budget=BudgetConfig(kill_grace_s=1.0))
+    run = _launch(tmp_path, body, config, args=("--hidden", "5"), agents=warm)
+    assert warm.failed is None and run.info["agent_start"] == "forked"
+    assert run.outcome.status == "ok" and run.outcome.returncode == 0, run.outcome
+    assert run.outcome.ranks == {0: "ok", 1: "ok"}
+    for r in (0, 1):
+        expected = f"hello from {r} args=['--hidden', '5'] cwd={Path.cwd()} marker=run-env"
+        assert f"[rank{r}]:{expected}" in run.lines and expected in run.log(r).splitlines()
+        assert f"[rank{r}]:warning on {r}" in run.lines
+    launcher = run.launcher_log
+    assert "hello from" not in launcher and all(line in run.lines for line in launcher.splitlines())
+
+
+def test_a_forked_agent_fails_and_is_stopped_as_a_new_process_would(tmp_path: Path, warm: WarmAgents) -> None:
+    crash = _launch(tmp_path / "crash", """
+        if RANK == 1:
+            raise ValueError("bad shape on rank one")
+        time.sleep(30)
+        """, _config(), agents=warm)
+    out = crash.outcome
+    assert (out.status, out.failing_rank, out.message) == ("script_error", 1, "ValueError: bad shape on rank one"), out
+    assert out.returncode not in (0, None) and crash.info["agent_start"] == "forked"
+    assert "ChildFailedError" in crash.launcher_log and "ChildFailedError" not in crash.shown
+    # A stop (here the wall clock) signals the agent's session and every process of the run: none survives
+    # (`_launch` checks), not even a rank that ignores SIGTERM.
+    stopped = _launch(tmp_path / "stop", """
+        if RANK == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(120)
+        """, _config(timeout_s=6.0), agents=warm)
+    assert stopped.outcome.status == "timeout" and stopped.outcome.ranks == {0: "stopped", 1: "stopped"}
+    assert "death signal" in stopped.launcher_log and stopped.info["agent_start"] == "forked"
+
+
+def test_a_dead_server_ends_its_agents_and_later_runs_start_as_new_processes(tmp_path: Path) -> None:
+    with WarmAgents() as agents:
+        def kill_server(p: Progress) -> None:
+            if p.elapsed_s > 3.0 and agents._server.poll() is None:
+                agents._server.kill()
+
+        run = _launch(tmp_path / "a", "time.sleep(60)\n", _config(), on_progress=kill_server, agents=agents)
+        assert run.outcome.status != "ok" and agents.failed == "the warm agent server exited", run.outcome
+        later = _launch(tmp_path / "b", "print('fine')\n", _config(), agents=agents)
+        assert later.outcome.status == "ok" and later.info["agent_start"] == "new_process"

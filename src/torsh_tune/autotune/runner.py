@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..launch import Progress, RunOutcome, launch_run
+from ..launch.warm import WarmAgents
 from ..rundir import RunDir, new_run_dir
 from .objective import Measurement, measure_run
 
@@ -83,18 +84,19 @@ def run_measured(
     echo: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     should_prune: Callable[[Progress], str | None] | None = None,
+    agents: WarmAgents | None = None,
 ) -> MeasuredRun:
     """Launch `script` with `config` into `run_dir`, classify the end, read the measurement.
 
-    `on_progress` and `should_prune` are handed to `launch_run` (a reason returned by
-    `should_prune` stops the run: state "PRUNED").
+    `on_progress`, `should_prune` and `agents` are handed to `launch_run` (a reason returned by
+    `should_prune` stops the run: state "PRUNED"; `agents` forks torchrun's agent warm).
 
     Raises:
         ConfigError: Only for a missing script (a user mistake, not a trial failure).
     """
     outcome: RunOutcome = launch_run(
         config, run_dir, script, list(script_args), echo=echo or (lambda line: None), on_progress=on_progress,
-        should_prune=should_prune,
+        should_prune=should_prune, agents=agents,
     )
     if outcome.status == "pruned":
         return MeasuredRun(

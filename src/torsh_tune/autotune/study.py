@@ -52,6 +52,7 @@ import pandas as pd
 from ..config import STUDY_DEFAULT_STEPS, STUDY_SAMPLERS, RunConfig, StudyConfig, dump_toml
 from ..errors import ConfigError, TrialError, invalid
 from ..fabric import CommModel, load_model
+from ..launch.warm import WarmAgents
 from ..rundir import RunDir, StudyDir, write_json_atomic, write_text_atomic
 from .ablation import Ablation, PairedRuns, ablate, paired_stats
 from .dataguard import DataCheck, check_data, run_fingerprints
@@ -333,6 +334,19 @@ def tune(
         raise invalid("script", "an existing file", str(script))
     session = _open_session(script, script_args, base_config=base_config, study=study, study_dir=study_dir,
                             echo=echo, on_run=on_run)
+    session.agents = WarmAgents() if study.warm_agent else None
+    try:
+        return _tune(session, base_config, study, space_spec=space_spec, cuda=cuda, cpu_count=cpu_count,
+                     initial_params=initial_params, on_trial=on_trial)
+    finally:
+        if session.agents is not None:
+            session.agents.close()
+
+
+def _tune(session: "_Session", base_config: RunConfig, study: StudyConfig, *, space_spec: Mapping[str, Any] | None,
+          cuda: bool, cpu_count: int | None, initial_params: Sequence[Mapping[str, Any]],
+          on_trial: Callable[[TrialResult], None] | None) -> TuneResult:
+    """`tune` past opening its session: baseline, search, confirmation, ablation, the result."""
     stored = _baseline(session)
     if "loss" in study.objectives and not stored["loss"]:
         raise invalid("objectives", "('throughput',) when the baseline records no loss "
@@ -374,6 +388,7 @@ class _Session:
     t_start: float
     unit: str = "samples/s"
     interrupted: bool = False
+    agents: WarmAgents | None = None  # forks each run's torchrun agent with torch imported (study.warm_agent)
 
     @property
     def multi(self) -> bool:
@@ -386,7 +401,8 @@ class _Session:
         if trial is not None and not self.multi:
             watch = TrialPruning(trial, run_dir.path, num_ranks=self.num_ranks, percentile=self.prune_percentile,
                                  unit=self.unit)
-        run = run_measured(config, run_dir, self.script, self.script_args, echo=self.echo, should_prune=watch)
+        run = run_measured(config, run_dir, self.script, self.script_args, echo=self.echo, should_prune=watch,
+                           agents=self.agents)
         if watch is not None and run.state == "COMPLETE":
             watch.finish()  # every index, so later trials are compared at any step
         return run

@@ -133,10 +133,17 @@ def start_run_info(
     return info
 
 
-def finish_run_info(run_dir: RunDir, outcome: RunOutcome, *, finished_at: float | None = None) -> dict[str, Any]:
-    """Record how the run ended in run.json (keeping what the start wrote) and return it."""
+def finish_run_info(run_dir: RunDir, outcome: RunOutcome, *, finished_at: float | None = None,
+                    agent_start: str | None = None) -> dict[str, Any]:
+    """Record how the run ended in run.json (keeping what the start wrote) and return it.
+
+    `agent_start`: how torchrun's agent was started, "new_process" or "forked" (a study's warm
+    agent server, `launch.warm`), stored as "agent_start" when given.
+    """
     t = time.time() if finished_at is None else finished_at
     info = read_run_info(run_dir)
+    if agent_start is not None:
+        info["agent_start"] = agent_start
     info.update(
         {
             "finished_at": _iso(t),

@@ -37,6 +37,7 @@ from .emulate import ENV_EMULATED, EmulateSpec
 from .outcome import RunOutcome, classify_run
 from .progress import Progress, StepsWatcher
 from .runinfo import finish_run_info, start_run_info
+from .warm import ForkedAgent, WarmAgents
 
 __all__ = ["POLL_INTERVAL_S", "launch_run"]
 
@@ -59,6 +60,7 @@ def launch_run(
     echo: Callable[[str], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
     should_prune: Callable[[Progress], str | None] | None = None,
+    agents: WarmAgents | None = None,
 ) -> RunOutcome:
     """Run `script` under torchrun with torsh-tune's runtime and supervise it to the end.
 
@@ -83,6 +85,8 @@ def launch_run(
         should_prune: Called after each poll while the job is alive (after `on_progress`);
             a non-empty string it returns stops the job as a timeout would, with status
             "pruned" and that string as the outcome's message (the autotuner's pruner).
+        agents: Fork torchrun's agent from this warm server (a study's runs, `warm.WarmAgents`)
+            when the command is a local torchrun launch; else it is started as a new process.
 
     Returns:
         The `RunOutcome`; its status is one of `RUN_STATUSES`.
@@ -119,7 +123,8 @@ def launch_run(
 
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(
+        proc = agents.spawn(cmd, env) if agents is not None else None
+        proc = proc or subprocess.Popen(
             cmd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -199,7 +204,7 @@ class _Supervisor:
         self,
         config: RunConfig,
         run_dir: RunDir,
-        proc: subprocess.Popen[bytes],
+        proc: subprocess.Popen[bytes] | ForkedAgent,
         run_id: str,
         t0: float,
         echo: Callable[[str], None],
@@ -319,7 +324,8 @@ class _Supervisor:
             stop_message=stop_message,
             saw_rank_output=self.demux.saw_rank_output,
         )
-        finish_run_info(self.run_dir, outcome)
+        finish_run_info(self.run_dir, outcome,
+                        agent_start="forked" if isinstance(self.proc, ForkedAgent) else "new_process")
         # Callbacks last: if the terminal is gone, run.json already tells how the run ended.
         if stopped is None:  # a stopped job's last words are the stop's consequences
             self._drain()
