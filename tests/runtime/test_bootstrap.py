@@ -133,3 +133,45 @@ def test_dataloader_and_ddp_overrides_apply_without_code_change(tmp_path):
     assert meta["ddp"]["bucket_cap_mb"] == pytest.approx(1.0)
     assert meta["ddp"]["gradient_as_bucket_view"] is True
     assert meta["dataloader_overrides"] == {"num_workers": 1}
+
+
+_LEFT_OPEN = '''
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+out_dir, rank = sys.argv[1], dist.get_rank()
+log = open(os.path.join(out_dir, f"log{rank}.txt"), "w", buffering=1 << 16)
+log.write("written, never flushed nor closed\\n")
+
+
+class Node:  # a reference cycle whose finalizer has an effect
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        with open(os.path.join(out_dir, f"del{rank}.txt"), "w") as f:
+            f.write("finalized\\n")
+
+
+node = Node()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(100):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
+
+def test_a_rank_that_ends_at_its_budget_still_finalizes_the_scripts_objects(tmp_path):
+    # The rank skips the interpreter's final collections over torch's objects (bootstrap's
+    # _skip_the_final_collection), but the script's own namespace is garbage by then and is collected
+    # first: a file it left open is flushed and closed, a cycle's finalizer runs.
+    script = tmp_path / "left_open.py"
+    script.write_text(_LEFT_OPEN)
+    run = RunDir(tmp_path / "run")
+    proc = torchrun_bootstrap(run.path, script, str(tmp_path), config={"budget": {"steps": 3, "warmup_steps": 1}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert _exit(run, rank)["status"] == "budget"
+        assert (tmp_path / f"log{rank}.txt").read_text() == "written, never flushed nor closed\n"
+        assert (tmp_path / f"del{rank}.txt").read_text() == "finalized\n"

@@ -113,5 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _skip_the_final_collection() -> None:
+    """Leave the objects alive now out of the interpreter's collections at exit: 0.4-0.6 s less per rank.
+
+    With torch (and the Dynamo modules DDP imports) loaded, the cyclic collections of the
+    interpreter's shutdown walk about a million objects: 0.6-0.8 s per rank on this kind of host,
+    after the rank's work is done, in every run. The script's namespace became cyclic garbage
+    when it ended (its functions reference it), so it is collected here first, as it would have
+    been: its objects' finalizers run (an open file is flushed and closed). Then everything still
+    alive is frozen (`gc.freeze`): atexit handlers run and modules are cleared as always (objects
+    freed by reference counting are finalized); only reference cycles still alive at exit are not
+    collected, whose finalizers Python does not promise to run either (`object.__del__`).
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0:
+        _skip_the_final_collection()
+    sys.exit(code)
