@@ -362,13 +362,31 @@ def test_a_forked_agent_fails_and_is_stopped_as_a_new_process_would(tmp_path: Pa
     assert "death signal" in stopped.launcher_log and stopped.info["agent_start"] == "forked"
 
 
+class _Watched(WarmAgents):
+    """Keeps the agents it forked, to check they are gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forked: list = []
+
+    def spawn(self, cmd, env):
+        agent = super().spawn(cmd, env)
+        if agent is not None:
+            self.forked.append(agent)
+        return agent
+
+
 def test_a_dead_server_ends_its_agents_and_later_runs_start_as_new_processes(tmp_path: Path) -> None:
-    with WarmAgents() as agents:
+    with _Watched() as agents:
         def kill_server(p: Progress) -> None:
             if p.elapsed_s > 3.0 and agents._server.poll() is None:
                 agents._server.kill()
 
         run = _launch(tmp_path / "a", "time.sleep(60)\n", _config(), on_progress=kill_server, agents=agents)
         assert run.outcome.status != "ok" and agents.failed == "the warm agent server exited", run.outcome
+        # Nobody reports the orphaned agent's end: the supervisor waited until it was gone.
+        (agent,) = agents.forked
+        assert agent.returncode == -signal.SIGTERM
+        assert not psutil.pid_exists(agent.pid) or psutil.Process(agent.pid).status() == psutil.STATUS_ZOMBIE
         later = _launch(tmp_path / "b", "print('fine')\n", _config(), agents=agents)
         assert later.outcome.status == "ok" and later.info["agent_start"] == "new_process"

@@ -8,15 +8,18 @@ workers, their DataLoader workers and anything a script detached.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
 import time
+from typing import Callable
 
 import psutil
 
 from .command import ENV_RUN_ID
 
-__all__ = ["find_run_processes", "kill_run_processes", "signal_group", "terminate_run_processes"]
+__all__ = ["die_with_this_thread", "find_run_processes", "kill_run_processes", "signal_group", "terminate_run_processes"]
 
 
 def find_run_processes(run_id: str) -> list[psutil.Process]:
@@ -96,3 +99,27 @@ def kill_run_processes(run_id: str, *, grace_s: float = 0.0, max_rounds: int = 5
                 pass
         _wait_gone(procs, 2.0)
     return sorted(set(signalled))
+
+
+def die_with_this_thread() -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGTERM the child when the thread that started it dies (Linux).
+
+    The supervisor starts torchrun (and a study's warm agent server, `warm.py`) in its own session,
+    so a supervisor killed without a chance to stop it (SIGKILL, the OOM killer, a crash) would
+    leave torchrun and its ranks running: a hung trial forever. torchrun turns SIGTERM into an
+    orderly stop of its workers. The signal follows the death of the thread that started the child.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec

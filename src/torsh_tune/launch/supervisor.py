@@ -16,8 +16,6 @@ explain the failure by itself. Both stay in logs/.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import queue
 import signal
 import subprocess
@@ -31,7 +29,7 @@ from ..config import RunConfig
 from ..errors import invalid
 from ..rundir import RunDir
 from ._logs import LogDemux
-from ._procs import find_run_processes, kill_run_processes, signal_group, terminate_run_processes
+from ._procs import die_with_this_thread, find_run_processes, kill_run_processes, signal_group, terminate_run_processes
 from .command import apply_launcher_template, build_run_env, build_torchrun_command, new_run_id, write_config_json
 from .emulate import ENV_EMULATED, EmulateSpec
 from .outcome import RunOutcome, classify_run
@@ -131,7 +129,7 @@ def launch_run(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_stop_with_supervisor(),
+            preexec_fn=die_with_this_thread(),
         )
     except OSError as exc:
         outcome = classify_run(
@@ -144,30 +142,6 @@ def launch_run(
         finish_run_info(run_dir, outcome)
         return outcome
     return _Supervisor(config, run_dir, proc, run_id, t0, echo, on_progress, should_prune).run()
-
-
-def _stop_with_supervisor() -> Callable[[], None] | None:
-    """A `preexec_fn` that has the kernel SIGTERM torchrun when the supervisor dies (Linux).
-
-    The job runs in its own session, so a supervisor killed without a chance to stop it
-    (SIGKILL, the OOM killer, a crash) would leave torchrun and its ranks running: a hung
-    trial forever. torchrun turns SIGTERM into an orderly stop of its workers. The signal
-    follows the death of the thread that started torchrun, which supervises it to the end.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the supervisor died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 class _Terminated(BaseException):

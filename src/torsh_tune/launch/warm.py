@@ -29,8 +29,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO
+
+from ._procs import die_with_this_thread
 
 __all__ = ["WarmAgents"]
 
@@ -47,19 +50,35 @@ class ForkedAgent:
         self.stdout = stdout
         self.returncode: int | None = None
         self._done = threading.Event()
+        self._orphaned = False  # the server died: nobody reports this agent's end, it is watched instead
 
     def _exited(self, code: int) -> None:
         self.returncode = code
         self._done.set()
 
     def poll(self) -> int | None:
+        if self.returncode is None and self._orphaned and not _alive(self.pid):
+            # Its server's death sent it SIGTERM (PR_SET_PDEATHSIG); its own status went to whoever reaped it.
+            self._exited(-int(signal.SIGTERM))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(timeout):
-            raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0.0)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0.0)
+            self._done.wait(0.05 if self._orphaned else 0.5)
         assert self.returncode is not None
         return self.returncode
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class WarmAgents:
@@ -79,6 +98,7 @@ class WarmAgents:
         self._agents: dict[int, ForkedAgent] = {}
         self._early: dict[int, int] = {}  # exit codes that came before the agent was registered
         self._reader: threading.Thread | None = None
+        self._gone = False  # the server's socket closed: agents forked before are watched, not reported
         self.failed: str | None = None  # why agents are started the usual way from now on
 
     def __enter__(self) -> "WarmAgents":
@@ -119,7 +139,9 @@ class WarmAgents:
             agent = ForkedAgent(reply["pid"], open(read_end, "rb"))
             with self._reply_ready:
                 code = self._early.pop(agent.pid, None)
-                if code is None:
+                if code is None and self._gone:
+                    agent._orphaned = True
+                elif code is None:
                     self._agents[agent.pid] = agent
             if code is not None:
                 agent._exited(code)
@@ -149,14 +171,12 @@ class WarmAgents:
 
     # -- the server -----------------------------------------------------------------------
     def _start(self) -> bool:
-        from .supervisor import _stop_with_supervisor
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._server = subprocess.Popen(
                 [sys.executable, "-m", f"{__package__}._zygote", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_stop_with_supervisor(),
+                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_this_thread(),
             )
         except OSError as exc:
             ours.close()
@@ -208,12 +228,14 @@ class WarmAgents:
                 else:
                     self._replies.append(message)
                 self._reply_ready.notify_all()
-        # The server is gone: its agents got SIGTERM (PR_SET_PDEATHSIG) and nobody can report their end.
+        # The server is gone: its agents got SIGTERM (PR_SET_PDEATHSIG) and stop their ranks; nobody can report
+        # their end, so each is watched until it is gone.
         with self._reply_ready:
             if self.failed is None and self._sock is not None:
                 self.failed = "the warm agent server exited"
+            self._gone = True
             for agent in self._agents.values():
-                agent._exited(-int(signal.SIGTERM))
+                agent._orphaned = True
             self._agents.clear()
             self._reply_ready.notify_all()
 
