@@ -835,7 +835,7 @@ class StudyConfig:
         False, "Also search knobs that change the effective batch (gradient accumulation; API mode only); the data "
         "guard then accepts their change of the batch.")
     warm_agent: bool = _f(
-        True, "Fork each run's torchrun agent from one process that imported torch once (saves ~1.4 s per run; "
+        True, "Fork each run's torchrun agent from one process that imported torch once (saves ~1.2 s per run; "
         "the ranks still start fresh; Linux, local launches only).")
     reference_bench: str | None = _f(
         None, "A `torsh-tune bench` run of this fabric (its bench_model.json): the configurations its alpha-beta "
