@@ -330,7 +330,7 @@ def test_a_forked_agent_runs_the_job_as_a_new_process_would(tmp_path: Path, warm
     config = RunConfig(launch=LaunchConfig(nproc_per_node=2, env={"MARKER": "run-env"}),
                        budget=BudgetConfig(kill_grace_s=1.0))
     run = _launch(tmp_path, body, config, args=("--hidden", "5"), agents=warm)
-    assert warm.failed is None and run.info["agent_start"] == "forked"
+    assert warm.failed is None and run.info["agent_start"] == "forked" and "agent_fallback" not in run.info
     assert run.outcome.status == "ok" and run.outcome.returncode == 0, run.outcome
     assert run.outcome.ranks == {0: "ok", 1: "ok"}
     for r in (0, 1):
@@ -390,3 +390,4 @@ def test_a_dead_server_ends_its_agents_and_later_runs_start_as_new_processes(tmp
         assert not psutil.pid_exists(agent.pid) or psutil.Process(agent.pid).status() == psutil.STATUS_ZOMBIE
         later = _launch(tmp_path / "b", "print('fine')\n", _config(), agents=agents)
         assert later.outcome.status == "ok" and later.info["agent_start"] == "new_process"
+        assert later.info["agent_fallback"] == "the warm agent server exited"

@@ -16,15 +16,16 @@ server the same way, so a killed tuner still leaves no agent behind.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import selectors
 import signal
 import socket
 import sys
+from typing import Callable
 
-_PR_SET_PDEATHSIG = 1
+from ._procs import die_with_this_thread
+
 _MAX_MESSAGE = 1 << 20
 
 
@@ -38,7 +39,6 @@ def main(fd: int) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
     sel = selectors.DefaultSelector()
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
@@ -53,7 +53,7 @@ def main(fd: int) -> None:
                 if not data:
                     return  # the launcher closed its end (or died): nothing more will come
                 own = (sock.fileno(), wake_r, wake_w, sel.fileno())  # not the agent's: closed in it
-                _send(sock, _fork(json.loads(data), fds, own, prctl))
+                _send(sock, _fork(json.loads(data), fds, own))
             else:
                 while True:
                     try:
@@ -79,13 +79,13 @@ def _reap(sock: socket.socket) -> None:
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _fork(request: dict, fds: list[int], own: tuple[int, ...], prctl) -> dict:
+def _fork(request: dict, fds: list[int], own: tuple[int, ...]) -> dict:
     if len(fds) != 1:
         for f in fds:
             os.close(f)
         return {"error": f"expected one file descriptor, got {len(fds)}"}
     out = fds[0]
-    parent = os.getpid()
+    die_with_server = die_with_this_thread()  # made before the fork: the child only calls it
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -98,21 +98,20 @@ def _fork(request: dict, fds: list[int], own: tuple[int, ...], prctl) -> dict:
         return {"pid": pid}
     code = 1
     try:
-        code = _agent(request, out, own, prctl, parent)
+        code = _agent(request, out, own, die_with_server)
     finally:
         os._exit(code)
 
 
-def _agent(request: dict, out: int, own: tuple[int, ...], prctl, parent: int) -> int:
+def _agent(request: dict, out: int, own: tuple[int, ...], die_with_server: Callable[[], None] | None) -> int:
     """In the forked child: become `python -m torch.distributed.run ARGS` in its own session; its exit code."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for f in own:
         os.close(f)
     os.setsid()  # as subprocess.Popen(start_new_session=True): signals to the group reach the agent
-    prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))  # torchrun turns SIGTERM into an orderly stop of its workers
-    if os.getppid() != parent:  # the server died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if die_with_server is not None:  # SIGTERM when the server dies: torchrun stops its workers in order
+        die_with_server()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out, 1)

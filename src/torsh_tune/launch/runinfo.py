@@ -134,16 +134,19 @@ def start_run_info(
 
 
 def finish_run_info(run_dir: RunDir, outcome: RunOutcome, *, finished_at: float | None = None,
-                    agent_start: str | None = None) -> dict[str, Any]:
+                    agent_start: str | None = None, agent_fallback: str | None = None) -> dict[str, Any]:
     """Record how the run ended in run.json (keeping what the start wrote) and return it.
 
     `agent_start`: how torchrun's agent was started, "new_process" or "forked" (a study's warm
-    agent server, `launch.warm`), stored as "agent_start" when given.
+    agent server, `launch.warm`), stored as "agent_start" when given; `agent_fallback`: why a
+    study's agent was started as a new process after all (its warm server failed).
     """
     t = time.time() if finished_at is None else finished_at
     info = read_run_info(run_dir)
     if agent_start is not None:
         info["agent_start"] = agent_start
+    if agent_fallback is not None:
+        info["agent_fallback"] = agent_fallback
     info.update(
         {
             "finished_at": _iso(t),

@@ -122,6 +122,8 @@ def launch_run(
     t0 = time.monotonic()
     try:
         proc = agents.spawn(cmd, env) if agents is not None else None
+        # A warm server that failed is said in run.json (agent_fallback), not only by a slower launch.
+        fallback = agents.failed if agents is not None and proc is None and agents.eligible(cmd) else None
         proc = proc or subprocess.Popen(
             cmd,
             env=env,
@@ -141,7 +143,8 @@ def launch_run(
         )
         finish_run_info(run_dir, outcome)
         return outcome
-    return _Supervisor(config, run_dir, proc, run_id, t0, echo, on_progress, should_prune).run()
+    return _Supervisor(config, run_dir, proc, run_id, t0, echo, on_progress, should_prune,
+                       agent_fallback=fallback).run()
 
 
 class _Terminated(BaseException):
@@ -184,8 +187,11 @@ class _Supervisor:
         echo: Callable[[str], None],
         on_progress: Callable[[Progress], None] | None,
         should_prune: Callable[[Progress], str | None] | None = None,
+        *,
+        agent_fallback: str | None = None,
     ) -> None:
         self.config = config
+        self.agent_fallback = agent_fallback
         self.run_dir = run_dir
         self.proc = proc
         self.run_id = run_id
@@ -299,7 +305,8 @@ class _Supervisor:
             saw_rank_output=self.demux.saw_rank_output,
         )
         finish_run_info(self.run_dir, outcome,
-                        agent_start="forked" if isinstance(self.proc, ForkedAgent) else "new_process")
+                        agent_start="forked" if isinstance(self.proc, ForkedAgent) else "new_process",
+                        agent_fallback=self.agent_fallback)
         # Callbacks last: if the terminal is gone, run.json already tells how the run ended.
         if stopped is None:  # a stopped job's last words are the stop's consequences
             self._drain()

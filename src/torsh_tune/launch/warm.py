@@ -33,6 +33,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
+import psutil
+
 from ._procs import die_with_this_thread
 
 __all__ = ["WarmAgents"]
@@ -73,8 +75,6 @@ class ForkedAgent:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
