@@ -46,6 +46,7 @@ def test_report_json_carries_every_rank_and_the_findings(tmp_path):
                                                                                        "cpu")
     assert [r["rank"] for r in check["per_rank"]] == [0, 1] and check["overall"]["rank"] is None
     assert check["overall"]["always_on_clock"] == "host" and check["overall"]["trace_clock"] == "host"
+    assert check["overall"]["always_on_comm_basis"] == "DDP reducer window"
     assert EXPOSED in [f["message"] for f in check["findings"]]
     assert ReportInfo.from_json(path.read_text()) == ReportInfo.from_dict(doc)
 
@@ -62,8 +63,9 @@ def test_markdown_shows_both_sides_with_clocks_and_differences():
     md = render_markdown(_info())
     section = md[md.index("## Self-check against the traces"):md.index("## Recommendations")]
     assert "### Window `step00008-00011`: steps 8–11, 2 ranks, cpu" in section
-    assert ("_Clocks: always-on: host clock (as recorded); trace: host clock (CPU operators and gloo worker spans), "
-            "step time host clock (ProfilerStep# spans)._") in section
+    assert ("_Clocks: always-on: host clock (as recorded); always-on communication: DDP's reducer window per step "
+            "(its first bucket's issue to the end of its finalize, the copies back into the gradients included); "
+            "trace: host clock (CPU operators and gloo worker spans), step time host clock (ProfilerStep# spans)") in section
     assert f"- **⚠ {EXPOSED}**" in section
     assert ("| rank | step time (host / host) | compute share (host / host) | communication share (host / host) "
             "| exposed communication share (host / host) |") in section

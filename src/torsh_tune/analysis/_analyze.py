@@ -94,7 +94,8 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     alerts = guarded("alerts", lambda: find_alerts(frames, thresholds=th), ())
     # Every step record, warm-up included: a trace window may lie in the warm-up.
     self_checks = guarded("self-check against the traces",
-                          lambda: run_self_checks(frames.run_dir, frames.steps, thresholds=th, warnings=warnings), ())
+                          lambda: run_self_checks(frames.run_dir, frames.steps, thresholds=th, warnings=warnings,
+                                                  comm=frames.comm), ())
 
     status = run_status(frames.info)
     partial = _partial(status, frames.exits, frames.world_size, warnings)

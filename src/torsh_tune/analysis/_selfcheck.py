@@ -92,7 +92,7 @@ def trace_windows(run_dir: str | Path, warnings: list[str]) -> list[tuple[str, P
 
 
 def run_self_checks(run_dir: str | Path, steps: pd.DataFrame, *, thresholds: ThresholdsConfig,
-                    warnings: list[str]) -> tuple[SelfCheck, ...]:
+                    warnings: list[str], comm: pd.DataFrame | None = None) -> tuple[SelfCheck, ...]:
     """`self_check` of every trace window of a run (empty without windows); problems become warnings.
 
     Args:
@@ -100,6 +100,8 @@ def run_self_checks(run_dir: str | Path, steps: pd.DataFrame, *, thresholds: Thr
         steps: every step record of the run, warm-up included (a window may lie in warm-up).
         thresholds: ``selfcheck_pp`` decides the findings; the trace analysis gets the rest.
         warnings: appended to.
+        comm: the run's collective records, warm-up included: they say what the always-on
+            communication of each compared step is made of (``always_on_comm_basis``).
     """
     from .traces import analyze_traces  # numpy only, loaded when a run has traces
 
@@ -111,14 +113,15 @@ def run_self_checks(run_dir: str | Path, steps: pd.DataFrame, *, thresholds: Thr
             warnings.append(f"self-check of trace window {name} skipped: {type(exc).__name__}: {exc}")
             continue
         check = self_check(steps, trace, window=name, window_steps=span, threshold_pp=thresholds.selfcheck_pp,
-                           warnings=warnings)
+                           warnings=warnings, comm=comm)
         if check is not None:
             out.append(check)
     return tuple(out)
 
 
 def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tuple[int, int],
-               threshold_pp: float, warnings: list[str] | None = None) -> SelfCheck | None:
+               threshold_pp: float, warnings: list[str] | None = None,
+               comm: pd.DataFrame | None = None) -> SelfCheck | None:
     """Compare the step records with a `TraceAnalysis` of one window over the same steps.
 
     Args:
@@ -129,6 +132,9 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             ``ProfilerStep#`` spans.
         threshold_pp: differences beyond it (pp; % for the step time) are findings.
         warnings: appended to when a rank cannot be compared.
+        comm: collective records (`records.CommRecord` columns); when given, each row says
+            what its always-on communication is made of (``always_on_comm_basis``, see
+            `comm_basis`).
 
     Returns:
         The SelfCheck, or None when no rank has both a trace and step records.
@@ -190,6 +196,7 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             "trace_clock": "device" if gpu else "host",
             "trace_step_clock": "host" if prof else "device" if gpu else "host",
             **ao,
+            **({} if comm is None else {"always_on_comm_basis": comm_basis(comm, rank, compared)}),
             "trace_step_s": trace_step_s,
             **_trace_compute(b, phases.get(rank)),
             "trace_comm_pct": _share(o.get("comm_s"), span_s),
@@ -210,6 +217,32 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         overall=overall,
         findings=_findings(rows, overall, threshold_pp, first, last),
     )
+
+
+#: ``always_on_comm_basis``: what the always-on communication of the compared steps is made of.
+REDUCER_WINDOW = "DDP reducer window"
+COLLECTIVES = "collectives"
+
+
+def comm_basis(comm: pd.DataFrame, rank: int, steps: list[int]) -> str:
+    """What a rank's always-on communication over `steps` is made of, from its collective records.
+
+    "collectives": one record per collective (the c10d capture; DDP buckets under a Python
+    comm hook, `profiler.comm_hook_timing` included). "DDP reducer window": DDP's builtin
+    all-reduce, one record per step from the reducer's own timers, which open when its
+    first bucket is issued and close at the end of its finalize: after the wait for the
+    last bucket and the copies of every bucket back into the gradients. Both, joined by
+    " + ", when a step has both; "none" without records.
+    """
+    if comm.empty or "rank" not in comm:
+        return "none"
+    mine = comm[(comm["rank"] == rank) & comm["step"].isin(steps)]
+    if mine.empty:
+        return "none"
+    reducer = (mine["hook"].eq("builtin") & mine["bucket"].eq(-1)).to_numpy() if "hook" in mine else np.zeros(
+        len(mine), dtype=bool)
+    parts = ([COLLECTIVES] if not reducer.all() else []) + ([REDUCER_WINDOW] if reducer.any() else [])
+    return " + ".join(parts)
 
 
 def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> dict[str, Any]:
@@ -281,10 +314,18 @@ def _overall(rows: list[dict[str, Any]], *, num_steps: int) -> dict[str, Any]:
         "num_steps": num_steps,
         **{c: "+".join(sorted({str(r[c]) for r in rows})) for c in ("always_on_clock", "trace_clock",
                                                                      "trace_step_clock", "trace_compute_basis")},
+        **({"always_on_comm_basis": _joined_bases(r["always_on_comm_basis"] for r in rows)}
+           if "always_on_comm_basis" in rows[0] else {}),
         "always_on_clock_recorded": all(r["always_on_clock_recorded"] for r in rows),
         **{k: mean(k) for k in keys},
     }
     return _with_diffs(out)
+
+
+def _joined_bases(values: Any) -> str:
+    """The ranks' `comm_basis` values as one ("collectives + DDP reducer window" when they differ)."""
+    parts = {p for v in values for p in str(v).split(" + ") if p != "none"}
+    return " + ".join(p for p in (COLLECTIVES, REDUCER_WINDOW) if p in parts) or "none"
 
 
 def _findings(rows: list[dict[str, Any]], overall: dict[str, Any], threshold: float,
@@ -324,8 +365,15 @@ def _findings(rows: list[dict[str, Any]], overall: dict[str, Any], threshold: fl
 
 
 def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:
-    """The known reasons for a disagreement on a GPU timeline (seen on an H100), when they apply."""
+    """The known reasons for a disagreement, when they apply: DDP's reducer window on a CPU, and what
+    a GPU timeline shows (seen on an H100)."""
     if row["trace_clock"] != "device":
+        if metric == "comm" and row["comm_diff_pp"] > 0 and REDUCER_WINDOW in str(row.get("always_on_comm_basis")):
+            return ("; DDP's builtin all-reduce is timed by its reducer, one window per step from its first bucket's "
+                    "issue to the end of its finalize: the copies of the buckets back into the gradients and, on a "
+                    "busy host, gloo's wait for a core before it starts a bucket are inside it, and the trace counts "
+                    "the gloo worker's spans; profiler.comm_hook_timing = true times every bucket (a Python comm hook "
+                    "per bucket)")
         return ""
     if metric == "compute" and row["compute_diff_pp"] > 0:
         return ("; on the device clock a phase spans the GPU's idle gaps between its kernels too, the trace counts "

@@ -247,7 +247,12 @@ def self_check_clocks(check: dict[str, Any]) -> str:
     if isinstance(outside, (int, float)) and outside == outside:
         basis += (f"; compute outside forward, backward and the optimizer step (the always-on side's other): "
                   f"{_pct(outside)} of the trace's span")
-    return (f"always-on: {o.get('always_on_clock')} clock ({recorded}); trace: {trace} clock ({what}), "
+    comm = {"DDP reducer window": "; always-on communication: DDP's reducer window per step (its first bucket's "
+                                  "issue to the end of its finalize, the copies back into the gradients included)",
+            "collectives + DDP reducer window": "; always-on communication: the collectives, and DDP's reducer "
+                                                "window per step for its builtin all-reduce"}.get(
+        str(o.get("always_on_comm_basis")), "")
+    return (f"always-on: {o.get('always_on_clock')} clock ({recorded}){comm}; trace: {trace} clock ({what}), "
             f"step time {step} clock ({step_what}){basis}")
 
 
