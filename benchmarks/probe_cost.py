@@ -302,9 +302,11 @@ def _recorded(run: Path, steps: int, skip: int) -> dict[str, Any]:
     }
 
 
-def _expected_records(workload: str, collectives: float) -> int:
-    # DDP's C++ all-reduce is one step-level record per step (the reducer's timers), not one per bucket.
-    return 1 if workload == "ddp" else int(round(collectives))
+def _expected_records(workload: str, collectives: float, profiler: dict | None) -> int:
+    # DDP's C++ all-reduce is one step-level record per step (the reducer's timers), not one per bucket;
+    # with profiler.comm_hook_timing a Python hook all-reduces every bucket, one record each.
+    per_bucket = bool((profiler or {}).get("comm_hook_timing"))
+    return 1 if workload == "ddp" and not per_bucket else int(round(collectives))
 
 
 def _steps_of(workload: str, args: argparse.Namespace) -> tuple[int, int]:
@@ -382,7 +384,7 @@ def run_pair(job: tuple[str, int], args: argparse.Namespace, work: Path, i: int)
     arms["torsh"].close()
     n = bare["collectives_per_step"]
     rec = _recorded(arms["torsh"].out.parent / "run", warmup + args.blocks * per_block, warmup)
-    want = _expected_records(job[0], n)
+    want = _expected_records(job[0], n, json.loads(args.profiler))
     total = warmup + args.blocks * per_block
     if not (rec["per_step_min"] == rec["per_step_max"] == want) or rec["step_records"] < total - 1:
         raise SystemExit(f"{job[0]}/{job[1]} pair {i}: arm B recorded {rec} but the bare arm counted "

@@ -114,3 +114,27 @@ def test_without_a_capture_the_inner_hook_runs_alone(ddp):
     model.register_comm_hook(None, TimedCommHook(None, inner=_seen(calls), inner_state=None, name="x"))
     _step(model)
     assert calls and [r["bucket"] for r in _records(tracker, len(calls))] == [-1] * len(calls)
+
+
+def test_pytorchs_default_all_reduce_is_captured_in_one_hop_with_a_buckets_record(ddp):
+    capture, tracker, model, _ = ddp
+    torch.manual_seed(0)  # the fixture's model, without DDP
+    local = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
+    model.register_comm_hook(None, TimedCommHook(capture, inner=default_allreduce, inner_state=None, name="allreduce"))
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+        x = torch.randn(4, 256)
+        model.zero_grad()
+        model(x).sum().backward()
+        local.zero_grad()
+        local(x).sum().backward()
+        for p, q in zip(model.parameters(), local.parameters()):
+            assert torch.equal(p.grad, q.grad)  # world size 1: the average is the gradient
+    records = _records(tracker, 3)
+    assert len(records) >= 3  # one bucket, then two or more
+    for r in records:
+        assert (r["hook"], r["issuer"], r["collective"], r["async_op"], r["dtype"], r["clock"]) == \
+            ("allreduce", "ddp", "all_reduce", True, "float32", "host")
+        assert r["bucket"] >= 0 and r["bytes"] == r["wire_bytes"] == r["grad_bytes"]
+        assert r["t_issue"] <= r["t_complete"] and r["duration_s"] == pytest.approx(r["t_complete"] - r["t_issue"])
+    assert sum(r["grad_bytes"] for r in records) == 2 * param_bytes
