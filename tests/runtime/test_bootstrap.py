@@ -177,28 +177,27 @@ def test_a_rank_that_ends_at_its_budget_still_finalizes_the_scripts_objects(tmp_
         assert (tmp_path / f"del{rank}.txt").read_text() == "finalized\n"
 
 
-@pytest.mark.parametrize("per_bucket", [False, True], ids=["builtin", "comm_hook_timing"])
-def test_ddps_gradients_are_the_ranks_average_with_the_profilers_hook_or_without(tmp_path, per_bucket):
+def test_ddps_gradients_are_the_ranks_average_under_the_profilers_per_bucket_hook(tmp_path):
     # With profiler.comm_hook_timing the profiler's hook divides and all-reduces each bucket itself (PyTorch's
-    # default hook's arithmetic, on the process group): the gradients must be what DDP's C++ path gives.
+    # default hook's arithmetic, on the process group): the gradients must be the ranks' average, as DDP's
+    # C++ path gives them.
     run = RunDir(tmp_path / "run")
     out = tmp_path / "worst.json"
     proc = torchrun_bootstrap(run.path, SCRIPTS / "ddp_average_check.py", str(out),
-                              config={"budget": {"warmup_steps": 0}, "profiler": {"comm_hook_timing": per_bucket}})
+                              config={"budget": {"warmup_steps": 0}, "profiler": {"comm_hook_timing": True}})
     assert proc.returncode == 0, proc.stderr[-3000:]
     worst = json.loads(out.read_text())
     assert len(worst) == 4 and max(worst) < 1e-5, worst
     for rank in (0, 1):
         comm = [c for c in read_jsonl(run.rank_file(rank, "comm")) if c["issuer"] == "ddp"]
-        assert {c["hook"] for c in comm} == ({"allreduce"} if per_bucket else {"builtin"})
-        if per_bucket:  # one record per bucket, their bytes the parameters' every step
-            param_bytes = json.loads(run.rank_file(rank, "meta").read_text())["ddp"]["param_bytes"]
-            per_step = {}
-            for c in comm:
-                per_step.setdefault(c["step"], []).append(c)
-            assert set(per_step) == set(range(4))
-            assert all(len(per_step[step]) > 1 for step in (1, 2, 3))  # buckets rebuilt after the first iteration
-            for records in per_step.values():
-                assert sum(c["bytes"] for c in records) == param_bytes
-                assert sum(c["grad_bytes"] for c in records) == param_bytes
-                assert all(c["t_issue"] <= c["t_complete"] and c["clock"] == "host" for c in records)
+        assert {c["hook"] for c in comm} == {"allreduce"}
+        # One record per bucket, their bytes the parameters' in every step.
+        param_bytes = json.loads(run.rank_file(rank, "meta").read_text())["ddp"]["param_bytes"]
+        per_step = {}
+        for c in comm:
+            per_step.setdefault(c["step"], []).append(c)
+        assert set(per_step) == set(range(4))
+        assert all(len(per_step[step]) > 1 for step in (1, 2, 3))  # buckets rebuilt after the first iteration
+        for records in per_step.values():
+            assert sum(c["bytes"] for c in records) == sum(c["grad_bytes"] for c in records) == param_bytes
+            assert all(c["t_issue"] <= c["t_complete"] and c["clock"] == "host" for c in records)
