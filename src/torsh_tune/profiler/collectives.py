@@ -502,16 +502,18 @@ class CollectiveCapture:
         return _BucketScope(self._local, (index, hook, grad_bytes, num_tensors))
 
     def averages_on_host(self, group: Any) -> bool:
-        """Whether `averaged_bucket` may run for `group`: a host-clock group (not NCCL) this rank is in."""
+        """Whether `averaged_bucket` may run for `group`: a host-clock group (gloo; not NCCL, whose collectives
+        are timed by CUDA events)."""
         return not self._group(group).nccl
 
     def averaged_bucket(self, group: Any, buf: torch.Tensor, index: int, hook: str, num_tensors: int) -> Any:
         """PyTorch's default DDP hook (divide by the group's size, all-reduce) on `buf`, captured: its Future.
 
         The same arithmetic as `default_hooks.allreduce_hook`, issued on the process group itself with
-        one future hop, which records the bucket's completion and hands DDP the buffer. Through the hook
-        and `dist.all_reduce` the bucket took ~55 us on a 2-core host; this way ~30 us. Host clock only
-        (`averages_on_host`): on NCCL a collective's time comes from CUDA events (`_begin`).
+        one future hop, which records the bucket's completion and hands DDP the buffer. Through PyTorch's
+        hook, `dist.all_reduce` and the capture wrapper (two hops) a bucket cost ~105-185 us over DDP's
+        C++ path on a 2-core host, this way ~15-80 us (`benchmarks/probe_cost.py --workload ddp --profiler
+        '{"comm_hook_timing": true}'`, BENCHMARKS.md). Host clock only (`averages_on_host`).
         """
         pg = group if group is not None else c10d._get_default_group()
         buf.div_(pg.size())  # first, as PyTorch's hook does: no overflow in half precision
