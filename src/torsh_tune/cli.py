@@ -117,6 +117,8 @@ def _add_launch_options(p: argparse.ArgumentParser) -> None:
     )
     r = p.add_argument_group("profiler and output")
     r.add_argument("--loss-every", type=_POSITIVE_INT, help=help_of(ProfilerConfig, "loss_every"))
+    r.add_argument("--comm-hook-timing", action="store_const", const=True,
+                   help=help_of(ProfilerConfig, "comm_hook_timing"))
     t = p.add_argument_group("deep-trace windows (torch.profiler)")
     t.add_argument("--trace-window", metavar="START:LEN", help=help_of(ProfilerConfig, "trace_window"))
     t.add_argument("--trace-every", type=_POSITIVE_INT, metavar="N", help=help_of(ProfilerConfig, "trace_every"))
@@ -303,6 +305,7 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         "timeout": "budget.timeout_s",
         "no_progress_timeout": "budget.no_progress_timeout_s",
         "loss_every": "profiler.loss_every",
+        "comm_hook_timing": "profiler.comm_hook_timing",
         "trace_window": "profiler.trace_window",
         "trace_every": "profiler.trace_every",
         "trace_len": "profiler.trace_len",

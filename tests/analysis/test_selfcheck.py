@@ -137,8 +137,8 @@ def test_the_threshold_comes_from_the_run_config(run_copy):
     # and a comm share above the trace's says what that window holds and how to time every bucket.
     assert {r["always_on_comm_basis"] for r in check.per_rank} == {"DDP reducer window"}
     assert check.overall["always_on_comm_basis"] == "DDP reducer window"
-    assert comm["message"].endswith("profiler.comm_hook_timing = true times every bucket (a Python comm hook "
-                                    "per bucket)")
+    assert comm["message"].endswith("profiler.comm_hook_timing = true (--comm-hook-timing) times every bucket "
+                                    "(a Python comm hook per bucket)")
     assert "copies of the buckets back into the gradients" in comm["message"]
     assert "reducer" not in next(f for f in check.findings if f["metric"] == "exposed_comm")["message"]
 
@@ -279,9 +279,7 @@ def real_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def real_run_per_bucket(tmp_path_factory):
-    config = tmp_path_factory.mktemp("selfcheck-config") / "per_bucket.toml"
-    config.write_text("[profiler]\ncomm_hook_timing = true\n")
-    return _profile_ddp_mlp(tmp_path_factory, "--config", str(config))
+    return _profile_ddp_mlp(tmp_path_factory, "--comm-hook-timing")
 
 
 def test_a_real_run_reports_its_self_check(real_run):

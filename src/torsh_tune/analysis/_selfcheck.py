@@ -372,8 +372,8 @@ def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:
             return ("; DDP's builtin all-reduce is timed by its reducer, one window per step from its first bucket's "
                     "issue to the end of its finalize: the copies of the buckets back into the gradients and, on a "
                     "busy host, gloo's wait for a core before it starts a bucket are inside it, and the trace counts "
-                    "the gloo worker's spans; profiler.comm_hook_timing = true times every bucket (a Python comm hook "
-                    "per bucket)")
+                    "the gloo worker's spans; profiler.comm_hook_timing = true (--comm-hook-timing) times every bucket "
+                    "(a Python comm hook per bucket)")
         return ""
     if metric == "compute" and row["compute_diff_pp"] > 0:
         return ("; on the device clock a phase spans the GPU's idle gaps between its kernels too, the trace counts "
