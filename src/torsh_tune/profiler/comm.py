@@ -41,13 +41,6 @@ class TimedCommHook:
     def set_inner(self, inner: Callable, inner_state: Any, name: str) -> None:
         self.inner, self.inner_state, self.name = inner, inner_state, name
 
-    def _on_host(self, group: Any) -> bool:
-        """PyTorch's default all-reduce on a host-clock group takes the capture's one-hop path (cached)."""
-        on_host = self.__dict__.get("_host_group")
-        if on_host is None or on_host[0] is not group:
-            on_host = self._host_group = (group, self.capture.averages_on_host(group))
-        return on_host[1]
-
     # No annotations on purpose: DDP's _check_comm_hook compares them by identity and
     # `from __future__ import annotations` turns them into strings.
     def __call__(self, state, bucket):  # noqa: ANN001
@@ -58,8 +51,9 @@ class TimedCommHook:
         ntensors = self._num_tensors.get((idx, nbytes))  # DDP rebuilds its buckets after the first iteration
         if ntensors is None:
             ntensors = self._num_tensors[(idx, nbytes)] = len(bucket.gradients())
-        if (self.inner is default_allreduce or self.inner is default_hooks.allreduce_hook) and self._on_host(
-                self.inner_state):
+        # PyTorch's default all-reduce on a host-clock group: the capture's one-hop path (`averaged_bucket`).
+        if (self.inner is default_allreduce or self.inner is default_hooks.allreduce_hook) and \
+                self.capture.averages_on_host(self.inner_state):
             return self.capture.averaged_bucket(self.inner_state, buf, idx, self.name, ntensors)
         with self.capture.bucket(idx, self.name, nbytes, ntensors):
             return self.inner(self.inner_state, bucket)
