@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import json
 import os
 import pstats
@@ -23,6 +24,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# From a checkout without `pip install -e .` (a lent GPU machine's own Python): the package in src/.
+if importlib.util.find_spec("torsh_tune") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def arm(name: str, steps: int, profile: bool) -> float:

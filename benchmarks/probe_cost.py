@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import os
 import platform
@@ -59,6 +60,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+# From a checkout without `pip install -e .` (a lent GPU machine's own Python): the package in src/.
+if importlib.util.find_spec("torsh_tune") is None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 TARGET_STEP_US = 60.0
 TARGET_COLLECTIVE_US = 5.0
