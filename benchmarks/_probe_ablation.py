@@ -64,6 +64,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100, help="steps per block")
     p.add_argument("--warmup", type=int, default=300)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--groups", help="comma-separated groups to switch off (default: every group of the device)")
     args = p.parse_args()
     cuda = args.device == "cuda"
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PORT", "29591"), RANK="0",
@@ -145,6 +146,12 @@ def main() -> None:
                     live.update(saved)
 
     groups = [g for g in GROUPS if ONLY_ON.get(g, args.device) == args.device]
+    if args.groups:
+        asked = args.groups.split(",")
+        unknown = [g for g in asked if g not in groups]
+        if unknown:
+            sys.exit(f"--groups: {', '.join(unknown)} is not a group on {args.device} (groups: {', '.join(groups)})")
+        groups = [g for g in groups if g in asked]
     perf = time.perf_counter
 
     cpu_clock = time.thread_time

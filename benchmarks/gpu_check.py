@@ -5,8 +5,12 @@ On a lent single-GPU machine (H100/H200) it runs, within one 10-minute call:
   2. a 1-rank NCCL DDP run and an FSDP2 run (applied by the script) under the profiler with a
      trace window: the self-check table (always-on numbers vs the Kineto trace, same steps),
      the step's clock, NVML samples inside the measured window and the peak memory;
-  3. the always-on overhead against bare runs, interleaved pairs (benchmarks/overhead.py);
-  4. two ranks sharing the GPU over gloo with CUDA tensors (NCCL refuses two ranks on one GPU).
+  3. what the probes cost on CUDA with all of them off, and with only their device clock off
+     (benchmarks/_probe_ablation.py --groups device-clock,all, one process);
+  4. the always-on overhead against bare runs, interleaved pairs (benchmarks/overhead.py), and
+     the probes' cost per step in process (benchmarks/cuda_probe_cost.py);
+  5. two ranks sharing the GPU over gloo with CUDA tensors (NCCL refuses two ranks on one GPU).
+The order: the profiled runs, the tests, the probe groups, the overhead, the probe cost.
 Without CUDA it runs what it can (the profiled runs on 2-rank gloo CPU) and says what it skipped.
 
     .venv/bin/python benchmarks/gpu_check.py            # or: make gpu-check
@@ -178,6 +182,18 @@ def probe_cost(pairs: int, timeout: float) -> dict[str, Any]:
     return {"status": "ok", **{k: doc[k] for k in ("median_bare_us", "median_torsh_us", "delta_us_median", "delta_us_range")}}
 
 
+def probe_groups(groups: str, blocks: int, timeout: float) -> dict[str, Any]:
+    """benchmarks/_probe_ablation.py on CUDA: what switching probe groups off saves, in one process."""
+    proc = _run([sys.executable, str(REPO / "benchmarks" / "_probe_ablation.py"), "--device", "cuda", "--groups", groups,
+                 "--blocks", str(blocks), "--warmup", "200"], timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
+    doc = json.loads(lines[-1])
+    return {"status": "ok", "all_on_step_us": round(doc["all_on_step_us"], 1), "blocks": doc["blocks"],
+            "saved_us": {r["group"]: [round(r[k], 1) for k in ("cost_us_median", "q1", "q3")] for r in doc["rows"]}}
+
+
 def _ms(v: Any) -> float | None:
     return None if v is None else round(1e3 * float(v), 3)
 
@@ -195,7 +211,7 @@ def _table(result: dict[str, Any]) -> str:
             continue
         keys = ("status", "summary", "median_step_ms", "clock", "step_clocks", "device_vs_host_step", "peak_mem_mib",
                 "nvml_samples_in_window", "gpu_util_pct_in_window", "overhead_pct_median", "delta_us_median",
-                "median_bare_us", "median_torsh_us")
+                "median_bare_us", "median_torsh_us", "all_on_step_us", "saved_us")
         brief = ", ".join(f"{k}={value[k]}" for k in keys if k in value and value[k] is not None)
         lines.append(f"{name:<34}{brief}")
         for line in value.get("failed_tests") or []:
@@ -268,6 +284,9 @@ def main() -> int:
             ["--hidden", "1024", "--steps", "100000", "--log-every", "100000"], nproc=2, backend="gloo", window="15:9")
         if not args.no_tests:
             budget.run("gpu-marked tests", gpu_tests, timeout=240, min_s=90.0)
+        # Where the probes' CUDA cost goes (the fourth lease: in no single group, in all of them together).
+        budget.run("probe groups switched off, 1 rank, nccl",
+                   lambda t: probe_groups("device-clock,all", blocks=6 if args.quick else 10, timeout=t), timeout=150)
         budget.run("overhead vs bare, 1 rank, nccl",
                    lambda t: overhead(pairs=2 if args.quick else 4, steps=200, nproc=1, hidden=2048, timeout=t),
                    timeout=240)
