@@ -25,10 +25,12 @@ On CUDA the model is cuda_probe_cost.py's (a 2048-wide MLP, Adam, batch 256: a l
 ~2-4 ms step, where every microsecond of Python adds to the step), its batches come from a
 DataLoader of CPU tensors copied to the GPU, and `ddp-rate` is left out (on CUDA PyTorch's own
 sampling of its timers is kept). A CUDA-only group, `device-clock`, keeps every probe on and
-puts the step tracker on the host clock: no timing event is recorded, queried or read (the
-fourth lease found that no single group holds the CUDA cost, while `all` does; this group asks
-whether the events every group shares do). Step times there are host time per step with the
-GPU kept busy; the loop synchronizes once per block.
+puts the step tracker on the host clock, as on CPU: no timing event is recorded, queried or
+read, and the steps are finalized in batches on the writer's thread with one peak-memory read
+per batch, instead of each step on the training thread (the fourth lease found that no single
+group holds the CUDA cost, while `all` does; this group asks whether what every group shares
+on CUDA does). Step times there are host time per step with the GPU kept busy; the loop
+synchronizes once per block.
 
 Prints a table and one JSON line.
 """
@@ -113,8 +115,9 @@ def main() -> None:
                 if ONLY_ON.get(g, args.device) == args.device and g != "device-clock":
                     switch(g, on)
         elif group == "device-clock":
-            # Every probe on, the tracker on the host clock: no event recorded, queried or read. The steps
-            # held are written first (they wait for their events), and the next step starts a new timeline.
+            # Every probe on, the tracker on the host clock: no event recorded, queried or read, and steps
+            # finalized in batches on the writer's thread (as on CPU). The steps held are written first
+            # (they wait for their events), and the next step starts a new timeline.
             tracker.flush_pending()
             tracker.device_events = device_events if on else None
             tracker._start_event = None
