@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from torsh_tune.profiler import CollectiveCapture, StepTracker
-from torsh_tune.profiler.collectives import _SIZE_ARG
+from torsh_tune.profiler.collectives import _BINDINGS, _SIZE_ARG
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def capture():
 
     The test initialises its own process group; whatever is left of it is destroyed after the test.
     """
-    names = [*_SIZE_ARG, "destroy_process_group"]
+    names = [*_SIZE_ARG, *_BINDINGS, "destroy_process_group"]
     saved = {(module, name): getattr(module, name) for module in (c10d, dist) for name in names if hasattr(module, name)}
     work_wait = torch._C._distributed_c10d.Work.wait
     tracker = StepTracker(rank=0, writer=None, warmup_steps=0, loss_every=1)

@@ -242,3 +242,25 @@ def test_the_first_collective_on_cuda_tensors_switches_the_device_clock_on_once(
     dist.all_reduce(torch.ones(4).as_subclass(_OnCuda))
     dist.all_gather([torch.empty(4).as_subclass(_OnCuda)] * 2, torch.ones(4))
     assert calls == [0]  # once, at the first one: a hand-written NCCL all-reduce before the first step
+
+
+def test_ddps_broadcast_of_its_buffers_before_each_forward_is_a_record_of_ddp(capture):
+    # DDP calls it through a C++ binding of torch.distributed (`_broadcast_coalesced`), not a c10d
+    # function. Its broadcast of the module's states when it is built is set-up: not recorded.
+    cap, tracker = capture
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    assert _records(tracker) == []
+    buffers = sum(b.nbytes for b in model.buffers())  # running mean and variance, batches seen
+    for _ in range(2):
+        ddp(torch.randn(4, 8)).sum().backward()
+    broadcasts = [r for r in _records(tracker) if r["collective"] == "broadcast"]
+    assert [(r["bytes"], r["issuer"], r["group"], r["async_op"]) for r in broadcasts] == \
+        [(buffers, "ddp", "world", False)] * 2
+    assert all(r["duration_s"] == r["blocked_s"] > 0 for r in broadcasts)
+    # A module without buffers: DDP broadcasts nothing before its forwards.
+    plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    before = len(tracker.comm_done)
+    plain(torch.randn(4, 8)).sum().backward()
+    assert not [r for r in _records(tracker)[before:] if r["collective"] == "broadcast"]

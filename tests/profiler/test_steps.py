@@ -201,9 +201,14 @@ def _step(**fields) -> dict:
 
 
 def test_ddp_buckets_expose_what_runs_after_the_last_bucket_is_issued():
-    comm = [_comm(11.25, 11.75, issuer="ddp", async_op=True), _comm(11.5, 12.25, issuer="ddp", async_op=True)]
+    comm = [_comm(11.25, 11.75, issuer="ddp", async_op=True, hook="allreduce"),
+            _comm(11.5, 12.25, issuer="ddp", async_op=True, hook="allreduce")]
     total, exposed, in_phase = _comm_times(comm, [], _step(), PHASES, 0.0)
     assert (total, exposed, in_phase) == (1.0, 0.75, {"forward": 0.0, "backward": 0.75, "optimizer": 0.0})
+    # DDP's synchronous broadcast of its buffers before the forward is no bucket's: it blocks the forward.
+    buffers = _comm(10.25, 10.5, issuer="ddp", blocked_s=0.25)
+    total, exposed, in_phase = _comm_times([buffers, *comm], [], _step(), PHASES, 0.0)
+    assert (total, exposed, in_phase) == (1.25, 1.0, {"forward": 0.25, "backward": 0.75, "optimizer": 0.0})
     # Never more than the backward it lies in.
     total, exposed, in_phase = _comm_times(comm, [], _step(backward_s=0.5), PHASES, 0.0)
     assert (exposed, in_phase["backward"]) == (0.5, 0.5)
@@ -245,13 +250,13 @@ def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would
     assert all(type(v) in (int, float) for c in calls for v in c)  # numbers only: the cyclic GC lets go of it
     records = [host_call_record(c, sites) for c in calls]
     for step in (_step(), _step(clock="device")):
-        (total, exposed, in_phase), expected = (_comm_times([], calls, step, PHASES, 0.0, sites),
+        (total, exposed, in_phase), expected = (_comm_times([], calls, step, PHASES, 0.0),
                                                 _comm_times(records, [], step, PHASES, 0.0))
         assert (total, exposed) == pytest.approx(expected[:2], abs=1e-6)
         assert in_phase == pytest.approx(expected[2], abs=1e-6)
-    total, exposed, in_phase = _comm_times([], calls, _step(), PHASES, 0.0, sites)
+    total, exposed, in_phase = _comm_times([], calls, _step(), PHASES, 0.0)
     # (the times went through perf_counter's offset: equal to a microsecond)
-    assert (total, exposed) == pytest.approx((1.1, 0.75 + 0.1 + 0.5), abs=1e-6)  # ddp: from its last issue to its end
+    assert (total, exposed) == pytest.approx((1.1, 0.75 + 0.1 + 0.5), abs=1e-6)  # DDP's own call blocks as any
     assert in_phase == pytest.approx({"forward": 0.25, "backward": 1.0, "optimizer": 0.1}, abs=1e-6)
 
 def test_device_clock_collectives_block_only_synchronously_on_the_default_stream():

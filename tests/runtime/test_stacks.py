@@ -144,16 +144,21 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
 def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, script):
     pytest.importorskip({"stack_hf_trainer.py": "transformers", "stack_accelerate.py": "accelerate",
                          "stack_lightning.py": "lightning"}[script])
-    run = _profile(tmp_path, script.removesuffix(".py"), script, "--steps", "1000")
+    run = _profile(tmp_path, script.removesuffix(".py"), script, "--steps", "1000", extra=WINDOW)
     _assert_steps_and_forward(run)
     meta = json.loads(run.rank_file(0, "meta").read_text())
-    grad_bytes = meta["ddp"]["param_bytes"]
+    grad_bytes, buffer_bytes = meta["ddp"]["param_bytes"], meta["ddp"]["buffer_bytes"]
     for rank in (0, 1):
         comm = read_jsonl(run.rank_file(rank, "comm"))
-        ddp = _per_step_bytes(comm, issuer="ddp")
+        ddp = _per_step_bytes(comm, collective="all_reduce", issuer="ddp")
         # One gradient all-reduce per optimizer step (accelerate accumulates 2 micro-batches under no_sync);
         # DDP reports a step's timers at the next forward, so the last step has none.
         assert set(ddp) == set(range(STEPS + WARMUP - 1)) and set(ddp.values()) == {grad_bytes}, ddp
+        # DDP's broadcast of its buffers before every forward (a C++ binding, not a c10d function): the
+        # BERT model's position and token type ids (the other two models have no buffers).
+        broadcasts = _per_step_bytes(comm, collective="broadcast", issuer="ddp")
+        assert broadcasts == ({s: buffer_bytes for s in range(STEPS + WARMUP)} if buffer_bytes else {}), broadcasts
+    assert (buffer_bytes > 0) == (script == "stack_hf_trainer.py"), buffer_bytes
     # Phases are disjoint (Lightning runs forward and backward inside optimizer.step(closure)): in every step
     # record the phases fit inside the step, nothing is counted twice. (Medians over steps of each phase
     # need not add up to 100 %: CI once saw 107 % from disjoint phases, so the check is per record.)
@@ -162,3 +167,10 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
     excess = inside - phases["step_s"]
     assert (excess <= 1e-6 + 1e-3 * phases["step_s"]).all(), phases[excess > 0]
     assert analyze_run(run.path).breakdown.phases_pct["forward"] > 0
+    # DDP's builtin all-reduce, one bucket in these models: its reducer window agrees with the trace. Before
+    # DDP's broadcast of BERT's buffers was captured, the Trainer read compute +7.5, comm -6.6 pp. Lightning
+    # (forward and backward inside `optimizer.step(closure)`, a broadcast of its own every step) read
+    # compute +4.5 ... +10.3 and exposed comm -3.9 ... -9.8 pp in three runs, before and after: not asserted
+    # until that is understood (the issue asks it of the Trainer and the accelerate loop).
+    if script != "stack_lightning.py":
+        _assert_self_check(run)

@@ -88,6 +88,15 @@ _OP_NAME = {
     "irecv": "recv",
 }
 _ALWAYS_ASYNC = {"isend", "irecv", "batch_isend_irecv"}
+# Collectives that PyTorch's own modules call as C++ bindings of `torch.distributed`, outside
+# distributed_c10d's Python functions: name -> (size argument, the binding's parameters, the
+# record's op). DDP broadcasts its buffers (BatchNorm's running statistics, a transformer's
+# position ids) with it before every forward (`broadcast_buffers=True`, the default): a
+# collective every step that the c10d functions never see. (Its broadcast of the module's
+# states when it is built goes through torch.distributed.utils: set-up, not recorded.)
+_BINDINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "_broadcast_coalesced": ("tensors", ("process_group", "tensors", "buffer_size", "src"), "broadcast"),
+}
 
 # Caller module prefix -> issuer. The first frame outside torch.distributed's own c10d
 # plumbing and this module decides.
@@ -109,7 +118,11 @@ _ISSUERS = (
     ("lightning", "lightning"),
     ("pytorch_lightning", "lightning"),
     ("deepspeed", "deepspeed"),
+    # DDP's and FSDP's broadcast of the module's states when they are built: set-up, before any step.
+    ("torch.distributed.utils", "setup"),
 )
+# Issuers whose calls are not recorded: our own (the teardown barrier), a wrapper's set-up.
+_NOT_RECORDED = frozenset({"torsh-tune", "setup"})
 _PLUMBING = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger", __name__, "functools",
              "torch._dynamo", "torch.utils._contextlib")
 
@@ -231,6 +244,14 @@ class CollectiveCapture:
                 continue
             self._replace(name, original, self._wrap(name, original, size_arg))
             self.installed.append(name)
+        for name, (size_arg, params, op) in _BINDINGS.items():
+            original = getattr(dist, name, None)
+            if original is None or getattr(original, "_torsh_capture", False):
+                continue
+            wrapper = self._wrap(name, original, size_arg, params=params, op=op)
+            wrapper._torsh_capture = True  # type: ignore[attr-defined]
+            setattr(dist, name, wrapper)  # callers look it up on torch.distributed at each call
+            self.installed.append(name)
         self._replace("destroy_process_group", c10d.destroy_process_group, self._wrap_destroy(c10d.destroy_process_group))
         self._patch_wait()
 
@@ -278,12 +299,15 @@ class CollectiveCapture:
         wait._torsh_capture = True  # type: ignore[attr-defined]
         work_type.wait = wait
 
-    def _wrap(self, name: str, original: Callable, size_arg: str | None) -> Callable:
-        params = list(inspect.signature(original).parameters)
-        i_group = params.index("group") if "group" in params else None
+    def _wrap(self, name: str, original: Callable, size_arg: str | None, *, params: tuple[str, ...] | None = None,
+              op: str | None = None) -> Callable:
+        """`params`: the parameter names of a binding without a signature; `op`: the records' op name."""
+        params = list(params or inspect.signature(original).parameters)
+        group_arg = "group" if "group" in params else "process_group"
+        i_group = params.index(group_arg) if group_arg in params else None
         i_async = params.index("async_op") if "async_op" in params else None
         i_size = params.index(size_arg) if size_arg in params else None
-        op = _OP_NAME.get(name, name)
+        op = op or _OP_NAME.get(name, name)
         always_async = name in _ALWAYS_ASYNC
         local = self._local
         tracker = self.tracker
@@ -307,13 +331,13 @@ class CollectiveCapture:
             if traced() or flags._is_compiling_flag:
                 return original(*args, **kwargs)
             frame = getframe(1)
-            group = kwargs.get("group") if "group" in kwargs else (
+            group = kwargs.get(group_arg) if group_arg in kwargs else (
                 args[i_group] if i_group is not None and len(args) > i_group else None)
             async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
                 args[i_async] if i_async is not None and len(args) > i_async else False))
             if i_size is None:  # sized by the calls it makes
                 issuer = _caller_issuer(frame)
-                if issuer == "torsh-tune":  # our own teardown barrier is not the script's
+                if issuer in _NOT_RECORDED:  # our own teardown barrier is not the script's
                     return original(*args, **kwargs)
                 record = self._begin(op, group, 0, None, issuer, async_op)
                 local.depth, local.record, local.dtype = 1, record, None
@@ -340,7 +364,7 @@ class CollectiveCapture:
             site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
             if site is None or tracker.device_events is not None or local.bucket is not None:
                 issuer = _caller_issuer(frame) if site is None else site[2]
-                if issuer == "torsh-tune":
+                if issuer in _NOT_RECORDED:
                     return original(*args, **kwargs)
                 record = self._begin(op, group, nbytes, dtype, issuer, async_op)
                 if site is None:
@@ -352,7 +376,7 @@ class CollectiveCapture:
                     local.depth = 0
                 self._end(record, result)
                 return result
-            if site[2] == "torsh-tune":
+            if site[2] in _NOT_RECORDED:
                 return original(*args, **kwargs)
             counts = site[1]
             counts[0] += 1

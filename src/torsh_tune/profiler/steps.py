@@ -399,8 +399,7 @@ class StepTracker:
         # A closure-style optimizer (Lightning's `optimizer.step(closure)`) runs forward and backward
         # inside the optimizer step: the optimizer phase is what is left of it.
         record["optimizer_s"] = sum(t1 - t0 for p, t0, t1 in spans if p == "optimizer")
-        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0),
-                                                self.call_sites)
+        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0))
         record["comm_s"], record["exposed_comm_s"] = comm_s, exposed
         for phase in _PHASES:
             record[phase + "_exposed_comm_s"] = in_phase[phase]
@@ -512,21 +511,21 @@ def _union(spans: list[tuple[float, float]]) -> float:
 
 
 def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str, Any],
-                phases: list[tuple[str, float, float]], ddp_exposed: float,
-                call_sites: list[tuple[Any, str]] = ()) -> tuple[float, float, dict[str, float]]:
+                phases: list[tuple[str, float, float]], ddp_exposed: float) -> tuple[float, float, dict[str, float]]:
     """(union of the step's collective intervals, exposed communication, exposed comm inside each phase).
 
     Exposed communication is what the step waited for:
-    - DDP buckets are launched in index order once their gradients are ready, so the last
-      issue is when backward compute ended; whatever runs after it is exposed (the reducer's
-      timers say the same for the builtin all-reduce). It lies inside the backward.
-    - Any other collective (FSDP, pipeline, a script's own call): on the host clock, the
+    - DDP buckets (the records of a comm hook) are launched in index order once their
+      gradients are ready, so the last issue is when backward compute ended; whatever runs
+      after it is exposed (the reducer's timers say the same for the builtin all-reduce). It
+      lies inside the backward.
+    - Any other collective (FSDP, pipeline, a script's own call, DDP's broadcast of its
+      buffers before a forward): on the host clock, the
       time the training thread blocked in it (a synchronous call, or `Work.wait()`); on
       the device clock, a synchronous collective on the default stream holds that stream
       for its whole duration, one issued on a side stream (FSDP2's) overlaps.
-    `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`; their
-    sites in `call_sites`): each blocks from its issue to its return, so on the host clock that
-    whole span is exposed.
+    `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
+    blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
     the record's timeline), so that phase compute = phase time - its exposed comm.
     Rewrites each device-clock record's t_start/t_complete onto the step's device timeline
@@ -548,9 +547,10 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
         spans.append((s, e))
-        if shared.get("hook") == "builtin":
+        hook = shared.get("hook")
+        if hook == "builtin":
             continue  # the reducer's one record per step: its exposure is `ddp_exposed` (comm end - compute end)
-        if shared["issuer"] == "ddp":
+        if hook is not None:  # a DDP bucket's, from a comm hook
             ddp.append((s, e))
         elif device:
             if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
@@ -562,10 +562,8 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     if calls:  # many per step: comprehensions, not a loop of appends
         intervals = [(c[4] + _OFFSET, c[5] + _OFFSET) for c in calls]
         spans += intervals
-        by_ddp = {k for k in {c[0] for c in calls} if call_sites[k][1] == "ddp"}
-        if by_ddp:  # sites whose issuer is DDP: its own synchronous calls (buffers, parameter checks)
-            ddp += [iv for c, iv in zip(calls, intervals) if c[0] in by_ddp]
-            intervals = [iv for c, iv in zip(calls, intervals) if c[0] not in by_ddp]
+        # DDP's own synchronous calls (its buffers' broadcast before a forward, parameter checks) are
+        # no bucket's: like any synchronous call, they block from their issue.
         if not device:
             blocked += [iv for iv in intervals if iv[1] > iv[0]]
     in_phase = dict.fromkeys(_PHASES, 0.0)

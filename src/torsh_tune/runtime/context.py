@@ -267,6 +267,10 @@ class RankRuntime:
             "num_params": sum(p.numel() for p in params),
             "num_param_tensors": len(params),
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            # What DDP broadcasts from rank 0 before each forward (its buffers: BatchNorm's running statistics,
+            # a transformer's position ids), a `broadcast` record of issuer ddp every step; 0 when it does not.
+            "buffer_bytes": sum(b.numel() * b.element_size() for b in getattr(model, "modules_buffers", ()))
+            if model.broadcast_buffers else 0,
             "comm_hook": "allreduce",
             "applied_from_config": applied,
             "module": type(model.module).__name__,
