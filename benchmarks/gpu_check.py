@@ -146,39 +146,46 @@ def _records(run: Path) -> dict[str, Any]:
     return out
 
 
-def overhead(pairs: int, steps: int, nproc: int, hidden: int, timeout: float) -> dict[str, Any]:
-    proc = _run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--pairs", str(pairs), "--steps", str(steps),
-                 "--nproc", str(nproc), "--hidden", str(hidden), "--skip", "20",
-                 "--script-args", "--batch-size 256"], timeout=timeout)
+def _last_json(proc: subprocess.CompletedProcess) -> dict[str, Any] | None:
+    """The JSON line a benchmark printed last, if it exited 0."""
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode == 0 and lines:
-        doc = json.loads(lines[-1])
-        return {"status": "ok", **{k: doc[k] for k in ("median_bare_ms", "median_torsh_ms", "delta_us_median",
-                                                       "overhead_pct_median", "overhead_pct_q1", "overhead_pct_q3",
-                                                       "pairs")}}
-    # Cut off by its timeout (or failed late): the pairs it finished are still paired measurements.
-    done = [(float(m[1]), float(m[2])) for m in _PAIR_LINE.finditer(proc.stdout)]
-    failed = {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
-    if not done:
-        return failed
-    pct = sorted(100 * (t / b - 1) for b, t in done)
-    return {**failed, "status": f"partial: {len(done)} of {pairs} pairs (exit {proc.returncode})", "pairs": len(done),
-            "median_bare_ms": _median([b for b, _ in done]), "median_torsh_ms": _median([t for _, t in done]),
-            "delta_us_median": _median([1e3 * (t - b) for b, t in done]), "overhead_pct_median": _median(pct),
-            "overhead_pct_each": [round(v, 2) for v in pct]}
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+
+
+def _failed(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
 
 
 # overhead.py's line per finished pair: "pair 0: bare/torsh  bare    3.153 ms   torsh-tune    5.985 ms   overhead ..."
 _PAIR_LINE = re.compile(r"^pair \d+: \S+\s+bare\s+([\d.]+) ms\s+torsh-tune\s+([\d.]+) ms", re.M)
 
 
+def overhead(pairs: int, steps: int, nproc: int, hidden: int, timeout: float) -> dict[str, Any]:
+    proc = _run([sys.executable, str(REPO / "benchmarks" / "overhead.py"), "--pairs", str(pairs), "--steps", str(steps),
+                 "--nproc", str(nproc), "--hidden", str(hidden), "--skip", "20",
+                 "--script-args", "--batch-size 256"], timeout=timeout)
+    doc = _last_json(proc)
+    if doc is not None:
+        return {"status": "ok", **{k: doc[k] for k in ("median_bare_ms", "median_torsh_ms", "delta_us_median",
+                                                       "overhead_pct_median", "overhead_pct_q1", "overhead_pct_q3",
+                                                       "pairs")}}
+    # Cut off by its timeout (or failed late): the pairs it finished are still paired measurements.
+    done = [(float(m[1]), float(m[2])) for m in _PAIR_LINE.finditer(proc.stdout)]
+    if not done:
+        return _failed(proc)
+    pct = sorted(100 * (t / b - 1) for b, t in done)
+    return {**_failed(proc), "status": f"partial: {len(done)} of {pairs} pairs (exit {proc.returncode})",
+            "pairs": len(done), "median_bare_ms": _median([b for b, _ in done]),
+            "median_torsh_ms": _median([t for _, t in done]), "delta_us_median": _median([1e3 * (t - b) for b, t in done]),
+            "overhead_pct_median": _median(pct), "overhead_pct_each": [round(v, 2) for v in pct]}
+
+
 def probe_cost(pairs: int, timeout: float) -> dict[str, Any]:
     """benchmarks/cuda_probe_cost.py: bare vs probed DDP step loop in process, alternating."""
     proc = _run([sys.executable, str(REPO / "benchmarks" / "cuda_probe_cost.py"), "--pairs", str(pairs)], timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
-    doc = json.loads(lines[-1])
+    doc = _last_json(proc)
+    if doc is None:
+        return _failed(proc)
     return {"status": "ok", **{k: doc[k] for k in ("median_bare_us", "median_torsh_us", "delta_us_median", "delta_us_range")}}
 
 
@@ -186,10 +193,9 @@ def probe_groups(groups: str, blocks: int, timeout: float) -> dict[str, Any]:
     """benchmarks/_probe_ablation.py on CUDA: what switching probe groups off saves, in one process."""
     proc = _run([sys.executable, str(REPO / "benchmarks" / "_probe_ablation.py"), "--device", "cuda", "--groups", groups,
                  "--blocks", str(blocks), "--warmup", "200"], timeout=timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"status": f"exit {proc.returncode}", "error": (proc.stdout + proc.stderr)[-1500:]}
-    doc = json.loads(lines[-1])
+    doc = _last_json(proc)
+    if doc is None:
+        return _failed(proc)
     return {"status": "ok", "all_on_step_us": round(doc["all_on_step_us"], 1), "blocks": doc["blocks"],
             "saved_us": {r["group"]: [round(r[k], 1) for k in ("cost_us_median", "q1", "q3")] for r in doc["rows"]}}
 

@@ -317,6 +317,7 @@ class CollectiveCapture:
         perf, offset = time.perf_counter, _clock_offset()
         append = tracker.comm_done.append
         tensor_type = torch.Tensor
+        not_recorded = _NOT_RECORDED
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -337,7 +338,7 @@ class CollectiveCapture:
                 args[i_async] if i_async is not None and len(args) > i_async else False))
             if i_size is None:  # sized by the calls it makes
                 issuer = _caller_issuer(frame)
-                if issuer in _NOT_RECORDED:  # our own teardown barrier is not the script's
+                if issuer in not_recorded:  # our own teardown barrier is not the script's
                     return original(*args, **kwargs)
                 record = self._begin(op, group, 0, None, issuer, async_op)
                 local.depth, local.record, local.dtype = 1, record, None
@@ -364,7 +365,7 @@ class CollectiveCapture:
             site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
             if site is None or tracker.device_events is not None or local.bucket is not None:
                 issuer = _caller_issuer(frame) if site is None else site[2]
-                if issuer in _NOT_RECORDED:
+                if issuer in not_recorded:
                     return original(*args, **kwargs)
                 record = self._begin(op, group, nbytes, dtype, issuer, async_op)
                 if site is None:
@@ -376,7 +377,7 @@ class CollectiveCapture:
                     local.depth = 0
                 self._end(record, result)
                 return result
-            if site[2] in _NOT_RECORDED:
+            if site[2] in not_recorded:
                 return original(*args, **kwargs)
             counts = site[1]
             counts[0] += 1

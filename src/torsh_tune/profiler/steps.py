@@ -520,10 +520,10 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
       after it is exposed (the reducer's timers say the same for the builtin all-reduce). It
       lies inside the backward.
     - Any other collective (FSDP, pipeline, a script's own call, DDP's broadcast of its
-      buffers before a forward): on the host clock, the
-      time the training thread blocked in it (a synchronous call, or `Work.wait()`); on
-      the device clock, a synchronous collective on the default stream holds that stream
-      for its whole duration, one issued on a side stream (FSDP2's) overlaps.
+      buffers before a forward): on the host clock, the time the training thread blocked in
+      it (a synchronous call, or `Work.wait()`); on the device clock, a synchronous
+      collective on the default stream holds that stream for its whole duration, one issued
+      on a side stream (FSDP2's) overlaps.
     `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
     blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
