@@ -671,6 +671,7 @@ def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: Run
         (exit status, initial trial parameters, the titles of the recommendations they test).
     """
     from .autotune import advisor_params, build_space, measure_run
+    from .autotune.objective import recorded_ddp
     from .reports._terminal import render_seeded_recommendations
     from .rundir import new_run_dir
 
@@ -684,7 +685,7 @@ def _baseline_profile(args: argparse.Namespace, argv: Sequence[str], config: Run
     if code != EXIT_OK or analysis is None:
         return code, [], []
     space = build_space(**space_args, baseline_num_microbatches=measure_run(run_dir.path).max_microbatches,
-                        base=config, **space_options)
+                        base=config, baseline_buffers=recorded_ddp([run_dir.path]), **space_options)
     rows = [{"rank": r.priority, "name": r.title, "config_patch": r.config_patch}
             for r in analysis.recommendations if r.config_patch]
     skipped = [f"#{r.priority} {r.title}: no config knob (a code change)"

@@ -88,3 +88,30 @@ def test_comm_stats_from_fixture_runs():
 def test_no_communication_gives_none():
     steps = pd.DataFrame({"rank": [0], "step": [0], "comm_s": [0.0], "exposed_comm_s": [0.0]})
     assert comm_stats(steps, _comm([]).iloc[0:0], world_size=1) is None
+
+
+def test_time_per_step_by_who_issued_which_op():
+    # Two ranks, three steps: DDP broadcasts its buffers before every forward (rank 1 waits 2 ms on rank 0),
+    # then all-reduces one bucket; the script all-gathers once, in step 1 only.
+    rows = []
+    for step in range(3):
+        t = 10.0 * step
+        for r in range(2):
+            rows.append(dict(rank=r, step=step, seq=3 * step, collective="broadcast", issuer="ddp", bytes=4096,
+                             t_issue=t, duration_s=0.003 if r else 0.001))
+            rows.append(dict(rank=r, step=step, seq=3 * step + 1, issuer="ddp", bytes=1000, t_issue=t + 1,
+                             duration_s=0.010))
+            if step == 1:
+                rows.append(dict(rank=r, step=step, seq=3 * step + 2, collective="all_gather", issuer="user",
+                                 bytes=64, t_issue=t + 2, duration_s=0.5))
+    steps = pd.DataFrame({"rank": [0, 1] * 3, "step": [0, 0, 1, 1, 2, 2], "comm_s": 0.02, "exposed_comm_s": 0.01})
+    kinds = comm_stats(steps, _comm(rows), world_size=2).by_kind
+    assert [(k["issuer"], k["op"]) for k in kinds] == [("ddp", "all_reduce"), ("ddp", "broadcast"),
+                                                       ("user", "all_gather")]  # most time first
+    by = {(k["issuer"], k["op"]): k for k in kinds}
+    assert by[("ddp", "broadcast")] == pytest.approx({"issuer": "ddp", "op": "broadcast", "count": 1, "bytes": 4096,
+                                                      "time_s": 0.002, "transfer_s": 0.001})
+    assert by[("ddp", "all_reduce")]["time_s"] == pytest.approx(0.010)
+    # In one step of three: the median step has none of it.
+    assert by[("user", "all_gather")] == pytest.approx({"issuer": "user", "op": "all_gather", "count": 0, "bytes": 0,
+                                                       "time_s": 0.0, "transfer_s": 0.0})

@@ -311,3 +311,84 @@ def test_sized_recommendations_enter_the_study_as_trials(tmp_path):
     # A recommendation without a config knob is kept as skipped, with why.
     assert all("no config knob" in line or "same trial" in line or "outside" in line
                for line in study.user_attrs["recommendations"]["skipped"])
+
+
+def _buffer_finding(pct: float = 12.0) -> Bottleneck:
+    step_s = 0.05
+    return Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                      evidence={"exposed_comm_pct": 30.0, "attributable_comm_pct": 30.0, "backward_compute_pct": 20.0,
+                                "step_s": step_s, "backward_compute_s": 0.01, "overlap_pct": 10.0, "comm_s": 0.02,
+                                "exposed_comm_s": 0.015, "bytes_per_step": 9 * MiB, "num_collectives_per_step": 2,
+                                "buffer_broadcast_s": step_s * pct / 100, "buffer_broadcast_transfer_s": step_s * pct / 300,
+                                "buffer_broadcast_pct": pct})
+
+
+def _buffer_meta(**ddp):
+    return {0: {"ddp": {"bucket_cap_mb": 25.0, "param_bytes": MiB, "broadcast_buffers": True,
+                        "buffer_bytes": 8 * MiB, **ddp}}}
+
+
+def test_ddps_buffer_broadcast_is_recommended_away_with_its_measured_share():
+    constant = {"running_stats_bytes": 0, "largest_buffers": [{"name": "table", "bytes": 8 * MiB, "running_stats": False}]}
+    (rec,) = [r for r in recommend([_buffer_finding()], meta=_buffer_meta(**constant), world_size=2)
+              if "broadcast_buffers" in r.title]
+    assert rec.config_patch == {"ddp": {"broadcast_buffers": False}}
+    RunConfig().apply_patch(rec.config_patch)
+    # At most the whole broadcast (it blocks the forward), at least its transfer.
+    assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (4.0, 12.0)
+    assert rec.effort == "low" and "table 8 MiB" in rec.rationale and "pure cost" in rec.rationale
+    # Batch norm's running statistics: the forward writes them, so the advice says what changes.
+    stats = {"running_stats_bytes": 8 * MiB,
+             "largest_buffers": [{"name": "bn.running_var", "bytes": 4 * MiB, "running_stats": True}]}
+    (rec,) = [r for r in recommend([_buffer_finding()], meta=_buffer_meta(**stats), world_size=2)
+              if "broadcast_buffers" in r.title]
+    assert rec.effort == "medium" and "all of them are normalization layers' running statistics" in rec.rationale
+    assert "(running statistics)" in rec.rationale
+    # A run recorded before the kinds were kept: it says to check first.
+    (rec,) = [r for r in recommend([_buffer_finding()], meta=_buffer_meta(), world_size=2)
+              if "broadcast_buffers" in r.title]
+    assert rec.effort == "medium" and "check that the forward never writes them" in rec.rationale
+    # Under 1 % of the step, or already off: nothing.
+    assert not [r for r in recommend([_buffer_finding(0.5)], meta=_buffer_meta(**constant), world_size=2)
+                if "broadcast_buffers" in r.title]
+    assert not [r for r in recommend([_buffer_finding()], meta=_buffer_meta(broadcast_buffers=False), world_size=2)
+                if "broadcast_buffers" in r.title]
+
+
+def test_a_real_runs_buffer_broadcast_is_measured_and_recommended_away(tmp_path):
+    """2 ranks, gloo: a model with an 8 MiB constant buffer (a lookup table) that DDP broadcasts
+    from rank 0 before every forward, far longer than the tiny model's compute."""
+    from helpers import run_cli
+
+    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", "8", "--warmup-steps", "2", "--runs-dir",
+                   str(tmp_path), "--run-name", "buffers", str(DATA / "scripts" / "train_small.py"), "--buffer-mb", "8")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = tmp_path / "buffers"
+    meta = json.loads((run / "ranks" / "rank00000.meta.json").read_text())["ddp"]
+    assert meta["buffer_bytes"] == 8 * MiB and meta["running_stats_bytes"] == 0
+    assert meta["largest_buffers"] == [{"name": "table", "bytes": 8 * MiB, "running_stats": False}]
+    report = json.loads((run / "report" / "report.json").read_text())
+    kinds = {(k["issuer"], k["op"]): k for k in report["communication"]["by_kind"]}
+    assert set(kinds) == {("ddp", "broadcast"), ("ddp", "all_reduce")}
+    broadcast = kinds[("ddp", "broadcast")]
+    assert broadcast["count"] == 1 and broadcast["bytes"] == 8 * MiB and broadcast["time_s"] >= broadcast["transfer_s"] > 0
+    comm = next(b for b in report["bottlenecks"] if b["category"] == "communication")
+    step_s = comm["evidence"]["step_s"]
+    assert comm["evidence"]["buffer_broadcast_pct"] == pytest.approx(100 * broadcast["time_s"] / step_s, abs=0.01)
+    rec = next(r for r in report["recommendations"] if r["config_patch"] == {"ddp": {"broadcast_buffers": False}})
+    gain = rec["expected_gain"]
+    assert gain["low_pct"] == pytest.approx(100 * broadcast["transfer_s"] / step_s, abs=0.01)
+    assert gain["high_pct"] == pytest.approx(min(100 * broadcast["time_s"] / step_s,
+                                                 comm["evidence"]["attributable_comm_pct"]), abs=0.01)
+    assert "table 8 MiB" in rec["rationale"] and "pure cost" in rec["rationale"]
+    md = (run / "report" / "report.md").read_text()
+    assert "| ddp | broadcast | 1 | 8.00 MiB |" in md
+    # The main job's seeding: the recommendation is a trial of the study's space, built from this baseline.
+    from torsh_tune.autotune import advisor_params, build_space
+    from torsh_tune.autotune.objective import recorded_ddp
+
+    space = build_space(nproc_per_node=2, cpu_count=2, baseline_buffers=recorded_ddp([run]))
+    rows = [{"rank": r["priority"], "name": r["title"], "config_patch": r["config_patch"]}
+            for r in report["recommendations"] if r["config_patch"]]
+    trials = dict(advisor_params(rows, space))
+    assert trials[rec["priority"]] == {**space.baseline_params(), "ddp.broadcast_buffers": False}

@@ -54,6 +54,23 @@ def test_static_graph_only_without_gradient_accumulation_and_pin_memory_only_wit
         build_space(nproc_per_node=2, baseline_num_microbatches=2, spec={"ddp.static_graph": {"value": True}})
 
 
+def test_broadcast_buffers_only_for_a_baseline_whose_buffers_are_not_running_statistics():
+    table = {"buffer_bytes": 4096, "running_stats_bytes": 0}
+    space = build_space(nproc_per_node=2, cpu_count=4, baseline_buffers=table)
+    assert space.dims["ddp.broadcast_buffers"].choices == (True, False)
+    assert space.baseline_params()["ddp.broadcast_buffers"] is True  # PyTorch's default, trial 0
+    seen = {params["ddp.broadcast_buffers"] for params, _ in _sample(space)}
+    assert seen == {True, False}
+    base = RunConfig.from_dict({"launch": {"nproc_per_node": 2}})
+    off = space.to_config(base, {**space.baseline_params(), "ddp.broadcast_buffers": False})
+    assert off.strategy.ddp.broadcast_buffers is False
+    for ddp, why in ((None, "unknown"), ({"buffer_bytes": 0, "running_stats_bytes": 0}, "broadcasts no buffers"),
+                     ({"buffer_bytes": 4096, "running_stats_bytes": 24}, "running statistics")):
+        space = build_space(nproc_per_node=2, cpu_count=4, baseline_buffers=ddp)
+        assert "ddp.broadcast_buffers" not in space.dims and why in space.unavailable["ddp.broadcast_buffers"]
+        assert all("ddp.broadcast_buffers" not in params for params, _ in _sample(space, n=5))
+
+
 def test_cpu_bounds_and_single_point_ranges_become_fixed():
     space = build_space(nproc_per_node=2, cpu_count=2)
     assert space.dims["omp_num_threads"].fixed and space.dims["omp_num_threads"].value == 1

@@ -259,6 +259,14 @@ def test_ddps_broadcast_of_its_buffers_before_each_forward_is_a_record_of_ddp(ca
     assert [(r["bytes"], r["issuer"], r["group"], r["async_op"]) for r in broadcasts] == \
         [(buffers, "ddp", "world", False)] * 2
     assert all(r["duration_s"] == r["blocked_s"] > 0 for r in broadcasts)
+    # What meta.json says of them: all running statistics (the forward updates them in training).
+    from torsh_tune.runtime.context import _broadcast_buffers
+
+    assert _broadcast_buffers(ddp) == {
+        "buffer_bytes": buffers, "running_stats_bytes": buffers,
+        "largest_buffers": [{"name": "1.running_mean", "bytes": 32, "running_stats": True},
+                            {"name": "1.running_var", "bytes": 32, "running_stats": True},
+                            {"name": "1.num_batches_tracked", "bytes": 8, "running_stats": True}]}
     # A module without buffers: DDP broadcasts nothing before its forwards.
     plain = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
     before = len(tracker.comm_done)

@@ -203,6 +203,14 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         evidence["backward_compute_s"] = step_s * pct.get("backward_compute", 0.0) / 100.0
     evidence["wire_s"] = comm.wire_s
     evidence["last_wire_s"] = comm.last_transfer_s
+    # DDP's broadcast of its buffers before each forward: synchronous, in the forward, never hidden.
+    buffers = next((k for k in comm.by_kind if k["issuer"] == "ddp" and k["op"] == "broadcast"), None)
+    if buffers is not None and buffers["time_s"] > 0 and step_s:
+        evidence["buffer_broadcast_s"] = buffers["time_s"]
+        evidence["buffer_broadcast_transfer_s"] = buffers["transfer_s"]
+        evidence["buffer_broadcast_pct"] = round(100.0 * buffers["time_s"] / step_s, 2)
+        evidence["buffer_broadcast_bytes"] = buffers["bytes"]
+        evidence["buffer_broadcast_count"] = buffers["count"]
     message = f"{exposed:.1f} % of the step is communication not hidden behind backward compute"
     if comm.overlap_pct is not None:
         message += f" (overlap {comm.overlap_pct:.0f} %)"

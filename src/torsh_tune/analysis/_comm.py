@@ -121,7 +121,29 @@ def comm_stats(
         wait_by_rank_s={int(r): float(v) for r, v in wait_by_rank.items()},
         last_transfer_s=float(last_wire.median()),
         wire_s=float(wire_per_step.median()),
+        by_kind=_by_kind(df),
     )
+
+
+def _by_kind(df: pd.DataFrame) -> tuple[dict[str, Any], ...]:
+    """Each (issuer, op)'s count, bytes and time per step (see `CommStats.by_kind`)."""
+    if "issuer" not in df.columns:
+        return ()
+    kinds = df.assign(issuer=df["issuer"].fillna("unrecorded").astype(str),
+                      op=df["collective"].fillna("unrecorded").astype(str))
+    steps = pd.Index(sorted(kinds["step"].unique()), name="step")
+    ranks = kinds.groupby("step")["rank"].nunique().reindex(steps)
+    out = []
+    for (issuer, op), g in kinds.groupby(["issuer", "op"], sort=False):
+        per_rank = g.groupby(["step", "rank"]).agg(count=("seq", "size"), bytes=("bytes", "sum"),
+                                                   time_s=("duration_s", "sum"))
+        # A rank without this kind in a step had none of it: 0, not a missing value.
+        per_step = per_rank.groupby("step").sum().reindex(steps, fill_value=0.0).div(ranks, axis=0)
+        transfer = g.groupby(["step", "seq"])["transfer_s"].first().groupby("step").sum().reindex(steps, fill_value=0.0)
+        out.append({"issuer": issuer, "op": op, "count": float(per_step["count"].median()),
+                    "bytes": float(per_step["bytes"].median()), "time_s": float(per_step["time_s"].median()),
+                    "transfer_s": float(transfer.median())})
+    return tuple(sorted(out, key=lambda k: -k["time_s"]))
 
 
 def _median_of_mean(steps: pd.DataFrame, col: str) -> float:

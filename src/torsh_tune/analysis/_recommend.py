@@ -15,6 +15,9 @@ Quantities are sized from the run, and the arithmetic is in the gain's `basis`:
   backward compute, buckets are all-reduced one at a time, each taking alpha + bus bytes x beta
   (the alpha-beta model of the run's `--reference-bench`, else fitted to this run's own
   collectives: its per-step wire time and its last collective's).
+- DDP's buffer broadcast (`broadcast_buffers=False`): at most its measured time per step (it
+  blocks the forward), at least its transfer (the wait for the last rank may move to the next
+  collective); the text says whether the buffers are running statistics the forward updates.
 - Top-K compression ratio: the share of today's communication time that backward already
   hides, divided by the world size (Top-K all-gathers value + index, 8 bytes per kept entry:
   world x ratio of the dense all-reduce's bus bytes), so the compressed transfer fits there.
@@ -41,6 +44,8 @@ _BUCKET_CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)
 #: what a sparser gradient costs the loss), not above the search space's 0.1.
 _TOPK_RATIO_MIN, _TOPK_RATIO_MAX = 0.01, 0.1
 _TOPK_ENTRY_BYTES, _FP32_BYTES = 8, 4
+#: DDP's buffer broadcast is recommended away from this share of the step (below it, noise and the kernel launch).
+_BUFFER_BROADCAST_MIN_PCT = 1.0
 
 
 def recommend(
@@ -199,9 +204,24 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     bwd = float(ev.get("backward_compute_pct", 0.0))
     if not ctx.ddp:
         return _communication_without_ddp(e, bwd, ev, ctx)
-    recs = [_bucket_cap(ev, e, bwd, ctx)]
-    recs.append(_topk_ratio(ev, e, ctx))
+    grads, grad_e = _gradient_evidence(ev, e)
+    recs = [_bucket_cap(grads, grad_e, bwd, ctx), _topk_ratio(grads, grad_e, ctx), _buffer_broadcast(ev, e, ctx)]
     return [r for r in recs if r is not None]
+
+
+def _gradient_evidence(ev: dict[str, Any], e: float) -> tuple[dict[str, Any], float]:
+    """The finding's evidence and exposed share without DDP's buffer broadcast: what bucket caps and
+    gradient compression act on (the broadcast is synchronous in the forward: all of it is exposed)."""
+    b_s = float(ev.get("buffer_broadcast_s") or 0.0)
+    if not b_s:
+        return ev, e
+    out = dict(ev)
+    for key, less in (("comm_s", b_s), ("exposed_comm_s", b_s), ("wire_s", ev.get("buffer_broadcast_transfer_s")),
+                      ("bytes_per_step", ev.get("buffer_broadcast_bytes")),
+                      ("num_collectives_per_step", ev.get("buffer_broadcast_count"))):
+        if out.get(key) is not None and less:
+            out[key] = max(float(out[key]) - float(less), 0.0)
+    return out, max(e - float(ev.get("buffer_broadcast_pct") or 0.0), 0.0)
 
 
 class _Fabric:
@@ -344,6 +364,48 @@ def _topk_ratio(ev: dict[str, Any], e: float, ctx: _Context) -> Recommendation |
         _gain(0.0, 100.0 * saving / float(step_s), basis),
         "low",
     )
+
+
+def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommendation | None:
+    """DDP's broadcast of its buffers before every forward, when it is a visible share of the step."""
+    pct, step_s = ev.get("buffer_broadcast_pct"), ev.get("step_s")
+    total = int(ctx.ddp.get("buffer_bytes") or 0)
+    if not (pct and step_s and total) or float(pct) < _BUFFER_BROADCAST_MIN_PCT or not ctx.ddp.get("broadcast_buffers", True):
+        return None
+    time_s, transfer_s = float(ev["buffer_broadcast_s"]), float(ev.get("buffer_broadcast_transfer_s") or 0.0)
+    stats = ctx.ddp.get("running_stats_bytes")  # None: a run recorded before it was kept
+    largest = ", ".join(f"{b['name']} {_size(b['bytes'])}" + (" (running statistics)" if b.get("running_stats") else "")
+                        for b in ctx.ddp.get("largest_buffers") or [])
+    what = f"its {_size(total)} of buffers" + (f" (largest: {largest})" if largest else "")
+    if stats is None:
+        caveat = ("check that the forward never writes them first (batch norm's running statistics it does: "
+                  "without the broadcast each rank keeps its own)")
+    elif stats == 0:
+        caveat = ("none of them is a normalization layer's running statistics: if the forward never writes them "
+                  "(position ids, masks, lookup tables) every rank already holds rank 0's values and the broadcast "
+                  "is pure cost")
+    else:
+        share = "all of them are" if stats == total else f"{_size(stats)} of them are"
+        caveat = (f"{share} normalization layers' running statistics: without the broadcast each rank keeps its "
+                  "own (training-mode batch norm normalizes with the batch's statistics, so training is unchanged; "
+                  "evaluate on rank 0, or all-reduce the statistics once before evaluating or saving)")
+    to_pct = 100.0 / float(step_s)
+    basis = (f"DDP broadcast {what} from rank 0 before each forward: {1e3 * time_s:.3g} ms per step (mean of "
+             f"ranks, median over steps), {1e3 * transfer_s:.3g} ms of it the transfer (the slowest-arriving "
+             "rank's); a synchronous call in the forward, hidden behind nothing: removing it saves at least the "
+             "transfer (a rank's wait for the others may move to its next collective) and at most all of it")
+    return _rec(
+        "communication",
+        "Turn off DDP's broadcast of its buffers before every forward (broadcast_buffers=False)",
+        f"{float(pct):.1f} % of the step is DDP broadcasting {what} from rank 0 before every forward; {caveat}",
+        {"ddp": {"broadcast_buffers": False}},
+        _gain(transfer_s * to_pct, min(time_s * to_pct, e), basis),
+        "low" if stats == 0 else "medium",
+    )
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / _MiB:.3g} MiB" if nbytes >= _MiB / 10 else f"{nbytes / 1024:.3g} KiB"
 
 
 def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _Context) -> list[Recommendation]:

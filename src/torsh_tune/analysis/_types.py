@@ -135,6 +135,10 @@ class CommStats:
     wait_by_rank_s: dict[int, float] = field(default_factory=dict)  # median per step
     last_transfer_s: float | None = None  # wire time of each step's last collective (never overlappable)
     wire_s: float | None = None  # per step: transfer without queueing behind the previous collective
+    # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s"}; count, bytes
+    # and time_s (its records' durations) the mean across ranks, transfer_s per collective's min across
+    # ranks, each the median over steps (a kind missing from a step counts 0 there); most time first.
+    by_kind: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

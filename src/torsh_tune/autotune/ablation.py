@@ -51,7 +51,8 @@ __all__ = ["ABLATION_ORDER", "Ablation", "KnobEffect", "PairedRuns", "ablate", "
 #: last test is the minimal configuration against the baseline itself (no separate re-check).
 ABLATION_ORDER = (
     "compression.method", "compression.ratio", "compression.rank", "compression.start_iter",
-    "collectives.hierarchical", "ddp.static_graph", "ddp.gradient_as_bucket_view", "ddp.first_bucket_cap_mb",
+    "collectives.hierarchical", "ddp.static_graph", "ddp.broadcast_buffers", "ddp.gradient_as_bucket_view",
+    "ddp.first_bucket_cap_mb",
     "ddp.bucket_cap_mb", "collectives.nccl_algo", "collectives.nccl_proto", "omp_num_threads",
     "dataloader.pin_memory", "dataloader.prefetch_factor", "dataloader.num_workers",
     "fsdp.reshard_after_forward", "pipeline.schedule", "pipeline.n_microbatches", "strategy.kind",

@@ -46,6 +46,7 @@ __all__ = [
     "loss_deviation",
     "measure_run",
     "per_step_throughput",
+    "recorded_ddp",
     "running_throughput",
     "steady_rate",
     "throughput_of",
@@ -372,6 +373,19 @@ def measure_run(run_dir: str | os.PathLike[str]) -> Measurement:
 # What identifies a DDP model's setup in meta.json `ddp_models` (the rest are sizes and timings).
 _DDP_SETTINGS = ("bucket_cap_mb", "first_bucket_cap_mb", "gradient_as_bucket_view", "static_graph",
                  "find_unused_parameters", "broadcast_buffers", "comm_hook")
+
+
+def recorded_ddp(run_dirs: Sequence[str | os.PathLike[str]]) -> dict[str, Any] | None:
+    """Rank 0's DDP model as the first of `run_dirs` that recorded one (meta.json `ddp`), else None."""
+    for run_dir in run_dirs:
+        path = RunDir(run_dir).rank_file(0, "meta")
+        try:
+            ddp = json.loads(path.read_text()).get("ddp")
+        except (OSError, ValueError):
+            continue
+        if isinstance(ddp, dict):
+            return ddp
+    return None
 
 
 def effective_settings(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

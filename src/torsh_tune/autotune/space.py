@@ -12,6 +12,10 @@ Conditional dimensions (each rule is asked in `SearchSpace.suggest`, offered or 
 - `ddp.static_graph` only when the baseline run showed one micro-batch per step and the
   trial does not accumulate gradients: with `no_sync` a static graph silently stops
   all-reducing gradients (pytorch#187732), which would look like a large, wrong speedup.
+- `ddp.broadcast_buffers` (PyTorch's True, or False) only when the baseline's DDP model
+  broadcast buffers before each forward and none of them is a normalization layer's running
+  statistics (which the forward updates: turning the broadcast off would leave each rank its
+  own, a change of the model's state the loss guard cannot see).
 - `ddp.first_bucket_cap_mb` (log) never above the trial's bucket cap, and not when the base
   config sizes every bucket (`bucket_cap_mb_list`; config forbids both).
 - `dataloader.prefetch_factor` only when `dataloader.num_workers > 0` (PyTorch rejects it
@@ -95,6 +99,7 @@ BASELINE_PARAMS: dict[str, Any] = {
     "ddp.first_bucket_cap_mb": 1.0,
     "ddp.gradient_as_bucket_view": False,
     "ddp.static_graph": False,
+    "ddp.broadcast_buffers": True,
     "fsdp.reshard_after_forward": True,
     "pipeline.schedule": "1f1b",
     "pipeline.n_microbatches": 4,
@@ -217,6 +222,7 @@ class SearchSpace:
             take("ddp.gradient_as_bucket_view")
             if accumulation == 1:  # pytorch#187732: static_graph + no_sync skips the all-reduce
                 take("ddp.static_graph")
+            take("ddp.broadcast_buffers")
         elif kind in ("fsdp", "hsdp"):
             take("fsdp.reshard_after_forward")
         elif kind == "pipeline":
@@ -339,6 +345,7 @@ def _default_dims(*, nproc_per_node: int, cpu_count: int) -> dict[str, Dimension
             Dimension(name="ddp.first_bucket_cap_mb", kind="float", low=0.25, high=25.0, log=True),
             Dimension(name="ddp.gradient_as_bucket_view", kind="bool", choices=(False, True)),
             Dimension(name="ddp.static_graph", kind="bool", choices=(False, True)),
+            Dimension(name="ddp.broadcast_buffers", kind="bool", choices=(True, False)),
             Dimension(name="fsdp.reshard_after_forward", kind="categorical", choices=(True, False),
                       allowed=(True, False)),
             Dimension(name="pipeline.schedule", kind="categorical", choices=_FLAT_SCHEDULES, allowed=_FLAT_SCHEDULES),
@@ -380,6 +387,18 @@ _MAXIMUM = {"compression.ratio": 1.0}
 _DDP_ONLY = ("ddp.", "compression.", "collectives.hierarchical")
 
 
+def _broadcast_buffers_unavailable(ddp: Mapping[str, Any] | None) -> str:
+    """Why `ddp.broadcast_buffers` is not searched for this baseline ('' when it is)."""
+    if not ddp or "running_stats_bytes" not in ddp:
+        return "the baseline's DDP buffers are unknown (no DDP model, or recorded before torsh-tune kept them)"
+    if not ddp.get("buffer_bytes"):
+        return "the baseline's DDP model broadcasts no buffers before its forwards"
+    if ddp["running_stats_bytes"]:
+        return ("the baseline's buffers include normalization layers' running statistics, which the forward "
+                "updates: without the broadcast each rank would keep its own (set [ddp] broadcast_buffers yourself)")
+    return ""
+
+
 def build_space(
     *,
     nproc_per_node: int,
@@ -391,6 +410,7 @@ def build_space(
     base: RunConfig | None = None,
     api_mode: bool = False,
     allow_batch_changes: bool = False,
+    baseline_buffers: Mapping[str, Any] | None = None,
 ) -> SearchSpace:
     """The default space for this machine, base config and baseline, narrowed/widened/fixed by `spec`.
 
@@ -410,6 +430,9 @@ def build_space(
             HSDP, pipeline) and its options can be searched.
         allow_batch_changes: Offer knobs that change the effective batch
             (`training.gradient_accumulation_steps`; API mode only).
+        baseline_buffers: The baseline's DDP model as its rank 0 meta.json `ddp` records it
+            (`buffer_bytes`, `running_stats_bytes`): `ddp.broadcast_buffers` is offered only when
+            it broadcast buffers and none were running statistics. None: unknown, not offered.
 
     Raises:
         ConfigError: The spec names an unknown or unavailable dimension, or is invalid.
@@ -493,6 +516,9 @@ def build_space(
             "static_graph with no_sync (gradient accumulation) silently stops all-reducing (pytorch#187732)"
             if baseline_num_microbatches is not None else "the baseline's micro-batches per step are unknown"
         ))
+    why_not = _broadcast_buffers_unavailable(baseline_buffers)
+    if why_not:
+        unavailable.setdefault("ddp.broadcast_buffers", why_not)
     if not cuda:
         unavailable["dataloader.pin_memory"] = "pin_memory only speeds host-to-GPU copies (no CUDA here)"
         for name in ("collectives.nccl_algo", "collectives.nccl_proto"):

@@ -56,7 +56,7 @@ from ..launch.warm import WarmAgents
 from ..rundir import RunDir, StudyDir, write_json_atomic, write_text_atomic
 from .ablation import Ablation, PairedRuns, ablate, paired_stats
 from .dataguard import DataCheck, check_data, run_fingerprints
-from .objective import effective_settings, loss_check, loss_deviation, trial_constraints
+from .objective import effective_settings, loss_check, loss_deviation, recorded_ddp, trial_constraints
 from .pruning import TrialPruning, study_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
 from .seeding import seed_study
@@ -356,7 +356,8 @@ def _tune(session: "_Session", base_config: RunConfig, study: StudyConfig, *, sp
     space = build_space(
         nproc_per_node=base_config.launch.nproc_per_node, cpu_count=cpu_count, cuda=cuda,
         baseline_num_microbatches=baseline.max_microbatches, include_compression=study.include_compression,
-        spec=space_spec, base=base_config, api_mode=study.api_mode, allow_batch_changes=study.allow_batch_changes)
+        spec=space_spec, base=base_config, api_mode=study.api_mode, allow_batch_changes=study.allow_batch_changes,
+        baseline_buffers=recorded_ddp(stored["run_dirs"]))
     seed_study(session.optuna, space, stored["run_dirs"], initial_params, comm_model=session.comm_model,
                reference_bench=study.reference_bench)
     _search(session, space, stored, on_trial=on_trial)

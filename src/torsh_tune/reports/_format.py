@@ -11,6 +11,7 @@ __all__ = [
     "advice_common_reasons",
     "advice_headline",
     "advice_input_text",
+    "comm_kinds",
     "fmt_gb",
     "fmt_bytes",
     "fmt_loss_deviation",
@@ -257,3 +258,12 @@ def migration_cell(row: dict[str, Any], key: str) -> str:
     if unit in ("samples/s", "tokens/s"):
         return f"{v:,.1f} {unit}"
     return f"{v:.4g}"
+
+
+def comm_kinds(communication: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's rows of communication by issuer and op; none when DDP's all-reduce is all there is
+    (or an all-reduce of records made before the issuer was kept)."""
+    kinds = list(communication.get("by_kind") or [])
+    if len(kinds) == 1 and kinds[0].get("issuer") in ("ddp", "unrecorded") and kinds[0].get("op") == "all_reduce":
+        return []
+    return kinds

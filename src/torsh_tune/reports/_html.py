@@ -19,6 +19,7 @@ from ._format import (
     ADVICE_INPUT_LABELS,
     PHASE_LABELS,
     advice_common_reasons,
+    comm_kinds,
     advice_headline,
     advice_input_text,
     fmt_bytes,
@@ -377,6 +378,16 @@ def _details(info: ReportInfo, busbw_figure: str | None = None) -> list[str]:
         out += ["<h2>Communication</h2>", "<table>"]
         out += [f"<tr><th>{_e(k)}</th><td class=num>{_e(v)}</td></tr>" for k, v in rows]
         out.append("</table>")
+        kinds = comm_kinds(c)
+        if kinds:
+            out += ["<p>Per step, by who issued which operation (mean of ranks, median over steps):</p>",
+                    "<table><tr><th>issuer</th><th>operation</th><th>count</th><th>payload</th><th>time</th>"
+                    "<th>transfer</th></tr>"]
+            out += [f"<tr><td>{_e(k.get('issuer'))}</td><td>{_e(k.get('op'))}</td>"
+                    f"<td class=num>{_e(fmt_value('n', k.get('count')))}</td>"
+                    f"<td class=num>{_e(fmt_bytes(k.get('bytes')))}</td><td class=num>{_e(fmt_s(k.get('time_s')))}</td>"
+                    f"<td class=num>{_e(fmt_s(k.get('transfer_s')))}</td></tr>" for k in kinds]
+            out.append("</table>")
         if busbw_figure:
             out.append(busbw_figure)
     s = info.stragglers

@@ -12,6 +12,7 @@ from ._format import (
     ADVICE_INPUT_LABELS,
     PHASE_LABELS,
     advice_common_reasons,
+    comm_kinds,
     advice_headline,
     advice_input_text,
     fmt_bytes,
@@ -270,6 +271,12 @@ def _communication(info: ReportInfo) -> list[str]:
     ]
     out = ["## Communication", "", "| | |", "|---|---|"]
     out += [f"| {k} | {_cell(v)} |" for k, v in rows if v is not None]
+    kinds = comm_kinds(c)
+    if kinds:
+        out += ["", "Per step, by who issued which operation (mean of ranks, median over steps):", "",
+                "| issuer | operation | count | payload | time | transfer |", "|---|---|---:|---:|---:|---:|"]
+        out += [f"| {k.get('issuer')} | {k.get('op')} | {fmt_value('n', k.get('count'))} | {fmt_bytes(k.get('bytes'))} "
+                f"| {fmt_s(k.get('time_s'))} | {fmt_s(k.get('transfer_s'))} |" for k in kinds]
     return out + [""]
 
 

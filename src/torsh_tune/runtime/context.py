@@ -269,8 +269,7 @@ class RankRuntime:
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
             # What DDP broadcasts from rank 0 before each forward (its buffers: BatchNorm's running statistics,
             # a transformer's position ids), a `broadcast` record of issuer ddp every step; 0 when it does not.
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in getattr(model, "modules_buffers", ()))
-            if model.broadcast_buffers else 0,
+            **(_broadcast_buffers(model) if model.broadcast_buffers else {"buffer_bytes": 0}),
             "comm_hook": "allreduce",
             "applied_from_config": applied,
             "module": type(model.module).__name__,
@@ -432,6 +431,22 @@ def _bucket_caps_mb(model: Any) -> dict[str, float]:
     per_bucket = getattr(config, "per_bucket_bytes_caps", ())
     first = int(per_bucket[0]) if per_bucket else int(config.first_bucket_bytes_cap)
     return {"bucket_cap_mb": config.bucket_bytes_cap / 2**20, "first_bucket_cap_mb": first / 2**20}
+
+
+def _broadcast_buffers(model: Any) -> dict[str, Any]:
+    """What DDP broadcasts before each forward: its buffers' bytes, the share that is normalization
+    layers' running statistics (which the forward updates in training), and the largest three."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    named = getattr(model, "named_module_buffers", None) or dict(
+        (str(i), b) for i, b in enumerate(getattr(model, "modules_buffers", ())))
+    stats = {id(b) for m in model.module.modules() if isinstance(m, _NormBase) and m.track_running_stats
+             for b in m.buffers(recurse=False)}
+    sizes = [(name, b.numel() * b.element_size(), id(b) in stats) for name, b in named.items()]
+    largest = sorted(sizes, key=lambda s: -s[1])[:3]
+    return {"buffer_bytes": sum(s[1] for s in sizes),
+            "running_stats_bytes": sum(s[1] for s in sizes if s[2]),
+            "largest_buffers": [{"name": n, "bytes": b, "running_stats": r} for n, b, r in largest]}
 
 
 def _ddp_timers(model: Any) -> dict[str, int]:

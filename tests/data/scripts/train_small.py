@@ -21,6 +21,7 @@ p.add_argument("--fail-step", type=int, default=3)
 p.add_argument("--num-workers", type=int, default=0)
 p.add_argument("--mark", default="", help="file prefix the custom hook appends to")
 p.add_argument("--tokens-per-sample", type=int, default=0, help="count tokens (torsh_tune.count_tokens) when > 0")
+p.add_argument("--buffer-mb", type=float, default=0.0, help="a constant buffer (a lookup table) DDP broadcasts")
 args = p.parse_args()
 if args.tokens_per_sample:
     import torsh_tune
@@ -28,7 +29,10 @@ if args.tokens_per_sample:
 dist.init_process_group(args.backend)
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
+net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+if args.buffer_mb:
+    net.register_buffer("table", torch.randn(int(args.buffer_mb * 2**20) // 4))
+model = nn.parallel.DistributedDataParallel(net)
 
 if args.custom_hook:
     def counting_allreduce(state, bucket):
