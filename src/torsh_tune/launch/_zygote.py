@@ -126,27 +126,9 @@ def _agent(request: dict, out: int, own: tuple[int, ...], die_with_server: Calla
         sys.stdout.reconfigure(line_buffering=True, write_through=True)
         sys.stderr.reconfigure(line_buffering=True, write_through=True)
     sys.path[0] = os.getcwd()  # what `python -m` puts first
-    import logging
-    import runpy
-    import traceback
+    from ._agent import run_torchrun
 
-    sys.argv = list(request["argv"])  # argv[0] is replaced by the module's path, as with -m
-    try:
-        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exc:
-        if exc.code is None or isinstance(exc.code, int):
-            code = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # noqa: BLE001 - what the interpreter would print and exit with
-        traceback.print_exc()
-        code = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return code
+    return run_torchrun(list(request["argv"]))
 
 
 if __name__ == "__main__":
