@@ -62,10 +62,10 @@ SELF_CHECK_PP = 5.0
 WINDOW = ("--trace-window", f"{WARMUP + 2}:6")
 
 
-def _assert_self_check(run: RunDir) -> None:
+def _assert_self_check(run: RunDir, limit_pp: float = SELF_CHECK_PP) -> None:
     (check,) = analyze_run(run.path).self_check
     diffs = {m: check.overall[f"{m}_diff_pp"] for m in ("compute", "comm", "exposed_comm")}
-    assert all(abs(d) <= SELF_CHECK_PP for d in diffs.values()), diffs
+    assert all(abs(d) <= limit_pp for d in diffs.values()), diffs
 
 
 def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp_path):
@@ -128,7 +128,11 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
                            str(script), "--steps", str(STEPS + WARMUP)], capture_output=True, text=True, timeout=300)
     assert bare.returncode == 0, bare.stderr[-3000:]
     without = _dynamo_line(bare.stdout)
-    run = _profile(tmp_path, "compiled", "stack_compile_ddp.py", "--steps", "1000")
+    # DDP's buckets timed one by one (`--comm-hook-timing`: the reducer's window counts the gaps
+    # between buckets and their copy back as communication; one default run read comm +7.3 pp against
+    # the trace) and a trace window: neither changes Dynamo's graphs.
+    run = _profile(tmp_path, "compiled", "stack_compile_ddp.py", "--steps", "1000",
+                   extra=("--comm-hook-timing", *WINDOW))
     with_profiler = _dynamo_line(run.logs.joinpath("rank00000.log").read_text())
     assert without["unique_graphs"] > 0  # Dynamo did capture the model: the comparison means something
     for key in ("unique_graphs", "graph_breaks", "recompiles", "calls_captured"):
@@ -138,6 +142,18 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
     _assert_steps_and_forward(run)
     meta = json.loads(run.rank_file(0, "meta").read_text())
     assert meta["probed_modules"] == ["OptimizedModule"]
+    # Every optimizer step all-reduces the model's gradients, bucket by bucket (the DDPOptimizer's subgraphs).
+    for rank in (0, 1):
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        ddp = _per_step_bytes(comm, collective="all_reduce", issuer="ddp")
+        assert set(ddp) == set(range(STEPS + WARMUP)) and set(ddp.values()) == {meta["ddp"]["param_bytes"]}, ddp
+        assert len({c["bucket"] for c in comm}) >= 3
+    # Measured 2026-11-28, 2 ranks on 2 cores, largest |difference| of compute, comm and exposed comm in
+    # five runs: 4.0, 4.0, 5.2, 2.4, 1.9 pp (exposed comm below the trace's). Per step the two agree within
+    # ~0.5 ms except where the trace finds the training thread idle in the compiled backward right
+    # after it launched a bucket, until a gloo worker finished (`_synchronous_waits`: on 2 cores the
+    # worker holds the core): the always-on side counts that time as backward compute.
+    _assert_self_check(run, limit_pp=7.5)
 
 
 @pytest.mark.parametrize("script", ["stack_hf_trainer.py", "stack_accelerate.py", "stack_lightning.py"])
