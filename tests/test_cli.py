@@ -359,6 +359,10 @@ def test_main_job_end_to_end_profiles_tunes_confirms_and_reports(tmp_path):
     assert profile["bottlenecks"][0]["category"] == "io"
     # 2. the study: plain progress lines without a terminal (trial i/N, ETA)
     assert "trial   0 (1/2)" in proc.stdout and "ETA" in proc.stdout
+    # What the baseline decides is said before it runs (its DDP model's buffers: none here, so not searched).
+    assert "(after the baseline, if it allows: ddp.broadcast_buffers)" in " ".join(proc.stdout.split())
+    assert not [t for t in json.loads((runs / "s" / "result.json").read_text())["trials"]
+                if "ddp.broadcast_buffers" in t["params"]]
     assert (study / "best.toml").is_file()
     from torsh_tune.importers import load_config_file
 

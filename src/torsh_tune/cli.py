@@ -605,7 +605,10 @@ def cmd_tune(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if getattr(args, "cluster", None) is not None:  # every run of the study (baseline, trials, confirmation) launches on it
         console.print(f"emulated cluster: {args.cluster.spec.describe()}", markup=False)
     mode = "API mode (torsh_tune.parallelize)" if api_mode else "zero code"
-    console.print(f"search space ({mode}): {', '.join(space.dims)}", markup=False)
+    # Offered or not once the baseline has run (what its DDP model broadcasts, its micro-batches).
+    pending = [n for n, why in space.unavailable.items() if why.startswith("the baseline's") and "unknown" in why]
+    later = f" (after the baseline, if it allows: {', '.join(pending)})" if pending else ""
+    console.print(f"search space ({mode}): {', '.join(space.dims)}{later}", markup=False)
 
     initial_params: list[dict[str, Any]] = []
     seeded: list[str] = []
