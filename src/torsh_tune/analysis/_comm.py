@@ -121,18 +121,21 @@ def comm_stats(
         wait_by_rank_s={int(r): float(v) for r, v in wait_by_rank.items()},
         last_transfer_s=float(last_wire.median()),
         wire_s=float(wire_per_step.median()),
-        by_kind=_by_kind(df),
+        by_kind=_by_kind(df, steps),
     )
 
 
-def _by_kind(df: pd.DataFrame) -> tuple[dict[str, Any], ...]:
-    """Each (issuer, op)'s count, bytes and time per step (see `CommStats.by_kind`)."""
+def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, Any], ...]:
+    """Each (issuer, op)'s count, bytes and time per step (see `CommStats.by_kind`): over the measured
+    steps (a collective of every tenth step is 0 in the median step), per rank that recorded the step."""
     if "issuer" not in df.columns:
         return ()
     kinds = df.assign(issuer=df["issuer"].fillna("unrecorded").astype(str),
                       op=df["collective"].fillna("unrecorded").astype(str))
-    steps = pd.Index(sorted(kinds["step"].unique()), name="step")
-    ranks = kinds.groupby("step")["rank"].nunique().reindex(steps)
+    known = step_records if {"step", "rank"} <= set(step_records.columns) and len(step_records) else kinds
+    steps = pd.Index(sorted(set(known["step"].tolist()) | set(kinds["step"].tolist())), name="step")
+    ranks = pd.concat([known[["step", "rank"]], kinds[["step", "rank"]]]).groupby("step")["rank"].nunique()
+    ranks = ranks.reindex(steps)
     out = []
     for (issuer, op), g in kinds.groupby(["issuer", "op"], sort=False):
         per_rank = g.groupby(["step", "rank"]).agg(count=("seq", "size"), bytes=("bytes", "sum"),

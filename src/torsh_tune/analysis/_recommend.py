@@ -370,7 +370,9 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
     """DDP's broadcast of its buffers before every forward, when it is a visible share of the step."""
     pct, step_s = ev.get("buffer_broadcast_pct"), ev.get("step_s")
     total = int(ctx.ddp.get("buffer_bytes") or 0)
-    if not (pct and step_s and total) or float(pct) < _BUFFER_BROADCAST_MIN_PCT or not ctx.ddp.get("broadcast_buffers", True):
+    if not (pct and step_s and total) or float(pct) < _BUFFER_BROADCAST_MIN_PCT:
+        return None
+    if not ctx.ddp.get("broadcast_buffers", True):
         return None
     time_s, transfer_s = float(ev["buffer_broadcast_s"]), float(ev.get("buffer_broadcast_transfer_s") or 0.0)
     stats = ctx.ddp.get("running_stats_bytes")  # None: a run recorded before it was kept

@@ -269,7 +269,8 @@ class RankRuntime:
             "param_bytes": sum(p.numel() * p.element_size() for p in params),
             # What DDP broadcasts from rank 0 before each forward (its buffers: BatchNorm's running statistics,
             # a transformer's position ids), a `broadcast` record of issuer ddp every step; 0 when it does not.
-            **(_broadcast_buffers(model) if model.broadcast_buffers else {"buffer_bytes": 0}),
+            **(_broadcast_buffers(model) if model.broadcast_buffers
+               else {"buffer_bytes": 0, "running_stats_bytes": 0, "largest_buffers": []}),
             "comm_hook": "allreduce",
             "applied_from_config": applied,
             "module": type(model.module).__name__,
