@@ -395,3 +395,16 @@ def test_a_real_runs_buffer_broadcast_is_measured_and_recommended_away(tmp_path)
             for r in report["recommendations"] if r["config_patch"]]
     trials = dict(advisor_params(rows, space))
     assert trials[rec["priority"]] == {**space.baseline_params(), "ddp.broadcast_buffers": False}
+
+
+def test_fsdps_recommendation_names_what_its_collectives_spend():
+    def finding(by_kind):
+        return Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                          evidence={"exposed_comm_pct": 30.0, "attributable_comm_pct": 30.0,
+                                    "backward_compute_pct": 20.0, "step_s": 0.05, "comm_s_by_kind": by_kind})
+
+    meta = {0: {"collectives": {"fsdp": {"count": 12, "bytes": 1 << 24}}}}
+    (gathers,) = recommend([finding({"fsdp all_gather": 0.006, "fsdp reduce_scatter": 0.002})], meta=meta, world_size=2)
+    assert "exposed (per step: fsdp all_gather 6 ms; fsdp reduce_scatter 2 ms): prefetch" in gathers.rationale
+    (scatters,) = recommend([finding({"fsdp reduce_scatter": 0.006, "fsdp all_gather": 0.002})], meta=meta, world_size=2)
+    assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch

@@ -109,6 +109,9 @@ def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path
     # DDP's knobs do not apply to a script without DDP: the recommendation says what does.
     recs = [r for r in a.recommendations if r.category == "communication"]
     assert recs and "DDP instead" in recs[0].title and not recs[0].config_patch
+    comm = next(b for b in a.bottlenecks if b.category == "communication")
+    assert list(comm.evidence["comm_s_by_kind"]) == ["user all_reduce"]
+    assert "block the training thread (per step: user all_reduce " in recs[0].rationale
     _assert_self_check(run)
 
 

@@ -413,14 +413,21 @@ def _size(nbytes: float) -> str:
 def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _Context) -> list[Recommendation]:
     """Exposed communication of a stack without DDP: DDP's knobs do not apply; say what does."""
     issuer = ctx.main_issuer or "user"
+    by_kind = ev.get("comm_s_by_kind") or {}
+    spent = "; ".join(f"{k} {1e3 * float(v):.3g} ms" for k, v in by_kind.items())
+    spent = f" (per step: {spent})" if spent else ""
     if issuer == "fsdp":
         title = "Overlap FSDP's all-gathers and reduce-scatters with compute"
-        why = ("FSDP's collectives are exposed: prefetch the next blocks' all-gathers "
+        gathers, scatters = by_kind.get("fsdp all_gather", 0.0), by_kind.get("fsdp reduce_scatter", 0.0)
+        first = ("the reduce-scatters take longest: they end the backward, so reduce them in bf16 "
+                 "(MixedPrecisionPolicy reduce_dtype) or shard over fewer ranks (HSDP); the all-gathers: "
+                 if scatters > gathers else "")
+        why = (f"FSDP's collectives are exposed{spent}: {first}prefetch the next blocks' all-gathers "
                "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), keep the root and last "
                "blocks unsharded after forward (reshard_after_forward=False), or shard over fewer ranks (HSDP)")
     else:
         title = "Average gradients with DDP instead of blocking all-reduces after backward"
-        why = (f"the collectives come from {issuer!r} code and block the training thread; DDP's bucketed "
+        why = (f"the collectives come from {issuer!r} code and block the training thread{spent}; DDP's bucketed "
                "all-reduce starts during backward and overlaps with it (or register the all-reduce as a "
                "gradient hook with async_op=True and wait before the optimizer step)")
     return [_rec(
