@@ -339,6 +339,10 @@ def test_ddps_buffer_broadcast_is_recommended_away_with_its_measured_share():
     # At most the whole broadcast (it blocks the forward), at least its transfer.
     assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (4.0, 12.0)
     assert rec.effort == "low" and "table 8 MiB" in rec.rationale and "pure cost" in rec.rationale
+    assert "In your code: DistributedDataParallel(model, ..., broadcast_buffers=False)" in rec.rationale
+    # Where a framework's user sets it.
+    hf = recommend([_buffer_finding()], meta=_buffer_meta(**constant, built_by="transformers"), world_size=2)
+    assert any("In your code: TrainingArguments(ddp_broadcast_buffers=False)" in r.rationale for r in hf)
     # Batch norm's running statistics: the forward writes them, so the advice says what changes.
     stats = {"running_stats_bytes": 8 * MiB,
              "largest_buffers": [{"name": "bn.running_var", "bytes": 4 * MiB, "running_stats": True}]}
@@ -383,7 +387,7 @@ def test_a_real_runs_buffer_broadcast_is_measured_and_recommended_away(tmp_path)
     assert gain["low_pct"] == pytest.approx(100 * broadcast["transfer_s"] / step_s, abs=0.01)
     assert gain["high_pct"] == pytest.approx(min(100 * broadcast["time_s"] / step_s,
                                                  comm["evidence"]["attributable_comm_pct"]), abs=0.01)
-    assert "table 8 MiB" in rec["rationale"] and "pure cost" in rec["rationale"]
+    assert "table 8 MiB" in rec["rationale"] and "pure cost" in rec["rationale"] and meta["built_by"] == "user"
     md = (run / "report" / "report.md").read_text()
     assert "| ddp | broadcast | 1 | 8.00 MiB |" in md
     # The main job's seeding: the recommendation is a trial of the study's space, built from this baseline.

@@ -347,3 +347,22 @@ def test_two_ddp_models_have_their_timers_read_at_every_step(tmp_path):
         per_step[c["step"]] = per_step.get(c["step"], 0) + 1
     assert all(per_step.get(i) == 2 for i in range(1, steps - 1)), per_step
     assert any("two DDP models" in n for n in meta["notes"])
+
+
+@pytest.mark.parametrize(("modules", "expected"), [
+    (["__main__"], "user"),
+    (["__main__", "transformers.trainer", "accelerate.accelerator"], "transformers"),
+    (["__main__", "accelerate.accelerator"], "accelerate"),
+    (["__main__", "lightning.pytorch.trainer.trainer", "lightning.pytorch.strategies.ddp"], "lightning"),
+    (["__main__", "torsh_tune.runtime.api"], "torsh-tune"),
+])
+def test_who_builds_a_ddp_model_is_the_outermost_framework_on_the_stack(modules, expected):
+    from torsh_tune.runtime.patches import _built_by
+
+    # A chain of calls, outermost first, each function in its own module's globals; the innermost asks.
+    fn = None
+    for name in reversed(modules):
+        scope = {"__name__": name, "_built_by": _built_by, "sys": sys, "inner": fn}
+        exec("def f():\n    return inner() if inner is not None else _built_by(sys._getframe())", scope)  # noqa: S102
+        fn = scope["f"]
+    assert fn() == expected

@@ -178,6 +178,9 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
         broadcasts = _per_step_bytes(comm, collective="broadcast", issuer="ddp")
         assert broadcasts == ({s: buffer_bytes for s in range(STEPS + WARMUP)} if buffer_bytes else {}), broadcasts
     assert (buffer_bytes > 0) == (script == "stack_hf_trainer.py"), buffer_bytes
+    # Whose settings reach DDP's arguments (the recommendations say where to change them).
+    assert meta["ddp"]["built_by"] == {"stack_hf_trainer.py": "transformers", "stack_accelerate.py": "accelerate",
+                                       "stack_lightning.py": "lightning"}[script]
     if buffer_bytes:  # ids the forward only reads: no normalization layer's running statistics among them
         assert meta["ddp"]["running_stats_bytes"] == 0 and \
             {b["name"].rsplit(".", 1)[-1] for b in meta["ddp"]["largest_buffers"]} <= {"position_ids", "token_type_ids"}

@@ -391,6 +391,7 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
         caveat = (f"{share} normalization layers' running statistics: without the broadcast each rank keeps its "
                   "own (training-mode batch norm normalizes with the batch's statistics, so training is unchanged; "
                   "evaluate on rank 0, or all-reduce the statistics once before evaluating or saving)")
+    where = _BROADCAST_BUFFERS_OFF.get(str(ctx.ddp.get("built_by") or "user"), _BROADCAST_BUFFERS_OFF["user"])
     to_pct = 100.0 / float(step_s)
     basis = (f"DDP broadcast {what} from rank 0 before each forward: {1e3 * time_s:.3g} ms per step (mean of "
              f"ranks, median over steps), {1e3 * transfer_s:.3g} ms of it the transfer (the slowest-arriving "
@@ -399,11 +400,22 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
     return _rec(
         "communication",
         "Turn off DDP's broadcast of its buffers before every forward (broadcast_buffers=False)",
-        f"{float(pct):.1f} % of the step is DDP broadcasting {what} from rank 0 before every forward; {caveat}",
+        f"{float(pct):.1f} % of the step is DDP broadcasting {what} from rank 0 before every forward; {caveat}. "
+        f"In your code: {where}; without code changes the patch below does it",
         {"ddp": {"broadcast_buffers": False}},
         _gain(transfer_s * to_pct, min(time_s * to_pct, e), basis),
         "low" if stats == 0 else "medium",
     )
+
+
+#: Where a user turns DDP's buffer broadcast off, by who built the DDP model (meta.json `ddp.built_by`).
+_BROADCAST_BUFFERS_OFF = {
+    "transformers": "TrainingArguments(ddp_broadcast_buffers=False)",
+    "accelerate": "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])",
+    "lightning": "Trainer(strategy=DDPStrategy(broadcast_buffers=False))",
+    "torsh-tune": "[ddp] broadcast_buffers = false in the config torsh_tune.parallelize reads",
+    "user": "DistributedDataParallel(model, ..., broadcast_buffers=False)",
+}
 
 
 def _size(nbytes: float) -> str:

@@ -255,7 +255,7 @@ class RankRuntime:
         if self.writer is not None:
             write_json_atomic(self.run_dir.rank_file(self.rank, "meta"), self.meta)
 
-    def on_ddp_created(self, model: Any, applied: dict[str, Any]) -> None:
+    def on_ddp_created(self, model: Any, applied: dict[str, Any], *, built_by: str = "user") -> None:
         self.ddp_models.append(model)
         params = [p for p in model.module.parameters() if p.requires_grad]
         info = {
@@ -273,6 +273,7 @@ class RankRuntime:
                else {"buffer_bytes": 0, "running_stats_bytes": 0, "largest_buffers": []}),
             "comm_hook": "allreduce",
             "applied_from_config": applied,
+            "built_by": built_by,  # transformers, lightning, accelerate, torsh-tune or user: whose settings reach DDP
             "module": type(model.module).__name__,
         }
         self.meta.setdefault("ddp_models", []).append(info)

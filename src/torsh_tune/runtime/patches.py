@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
@@ -22,6 +23,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ..errors import invalid
 from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
+from ..profiler.collectives import issuer_of
 from ..profiler._clock import offset as clock_offset
 from ..profiler._compiling import flags, traced
 from ..profiler.traces import TraceWindows
@@ -99,6 +101,24 @@ def _ddp_overrides(rt: "RankRuntime", module: torch.nn.Module, kwargs: dict[str,
     return applied
 
 
+#: Who builds a DDP model, most specific first: the framework whose own settings reach its arguments
+#: (a Hugging Face Trainer builds it through accelerate; TrainingArguments is where a user sets them).
+_BUILDERS = ("transformers", "lightning", "accelerate")
+
+
+def _built_by(frame: Any) -> str:
+    """The framework on the stack that builds a DDP model (`_BUILDERS`), "torsh-tune" for
+    `torsh_tune.parallelize` (its config sets DDP's arguments), else "user"."""
+    found = set()
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith(("torsh_tune.runtime.api", "torsh_tune.strategies.")):
+            return "torsh-tune"
+        found.add(issuer_of(name))
+        frame = frame.f_back
+    return next((b for b in _BUILDERS if b in found), "user")
+
+
 def _patch_ddp(rt: "RankRuntime") -> None:
     original_init = DistributedDataParallel.__init__
     original_register = DistributedDataParallel.register_comm_hook
@@ -108,7 +128,7 @@ def _patch_ddp(rt: "RankRuntime") -> None:
     def __init__(self: DistributedDataParallel, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         applied = _ddp_overrides(rt, module, kwargs)
         original_init(self, module, *args, **kwargs)
-        rt.on_ddp_created(self, applied)
+        rt.on_ddp_created(self, applied, built_by=_built_by(sys._getframe(1)))
         on_cuda = any(p.is_cuda for p in module.parameters())
         if on_cuda:
             rt.training_on_cuda()
