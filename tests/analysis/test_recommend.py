@@ -412,3 +412,19 @@ def test_fsdps_recommendation_names_what_its_collectives_spend():
     assert "exposed (per step: fsdp all_gather 6 ms; fsdp reduce_scatter 2 ms): prefetch" in gathers.rationale
     (scatters,) = recommend([finding({"fsdp reduce_scatter": 0.006, "fsdp all_gather": 0.002})], meta=meta, world_size=2)
     assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch
+
+
+@pytest.mark.parametrize(("built_by", "key", "value", "where"), [
+    ("user", "bucket_cap_mb", 5.0, "DistributedDataParallel(model, ..., bucket_cap_mb=5.0)"),
+    ("transformers", "bucket_cap_mb", 5.0, "TrainingArguments(ddp_bucket_cap_mb=5.0)"),
+    ("transformers", "gradient_as_bucket_view", True, "TrainingArguments has no field for gradient_as_bucket_view"),
+    ("accelerate", "gradient_as_bucket_view", True,
+     "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(gradient_as_bucket_view=True)])"),
+    ("lightning", "broadcast_buffers", False, "Trainer(strategy=DDPStrategy(broadcast_buffers=False))"),
+])
+def test_ddp_advice_says_where_the_users_own_code_sets_it(built_by, key, value, where):
+    from torsh_tune.analysis._recommend import _Context, _in_your_code
+
+    ctx = _Context({}, {}, {0: {"ddp": {"built_by": built_by}}}, 2)
+    text = _in_your_code(ctx, key, value)
+    assert text.startswith(f"In your code: {where}") and text.endswith("the patch below does it")

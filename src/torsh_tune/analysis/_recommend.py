@@ -325,7 +325,8 @@ def _bucket_cap(ev: dict[str, Any], e: float, bwd: float, ctx: _Context) -> Reco
         "communication",
         f"Set DDP bucket_cap_mb to {best:g} (now {cap:g})",
         f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); the fabric model "
-        f"predicts {1e3 * new:.3g} ms exposed at {best:g} MiB buckets against {1e3 * now:.3g} ms at {cap:g} MiB",
+        f"predicts {1e3 * new:.3g} ms exposed at {best:g} MiB buckets against {1e3 * now:.3g} ms at {cap:g} MiB. "
+        + _in_your_code(ctx, "bucket_cap_mb", best),
         {"ddp": {"bucket_cap_mb": best}},
         _gain(min(now - new, measured - new) * to_pct, min(e, max(now - new, measured - new) * to_pct), basis),
         "low",
@@ -391,7 +392,6 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
         caveat = (f"{share} normalization layers' running statistics: without the broadcast each rank keeps its "
                   "own (training-mode batch norm normalizes with the batch's statistics, so training is unchanged; "
                   "evaluate on rank 0, or all-reduce the statistics once before evaluating or saving)")
-    where = _BROADCAST_BUFFERS_OFF.get(str(ctx.ddp.get("built_by") or "user"), _BROADCAST_BUFFERS_OFF["user"])
     to_pct = 100.0 / float(step_s)
     basis = (f"DDP broadcast {what} from rank 0 before each forward: {1e3 * time_s:.3g} ms per step (mean of "
              f"ranks, median over steps), {1e3 * transfer_s:.3g} ms of it the transfer (the slowest-arriving "
@@ -401,21 +401,36 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
         "communication",
         "Turn off DDP's broadcast of its buffers before every forward (broadcast_buffers=False)",
         f"{float(pct):.1f} % of the step is DDP broadcasting {what} from rank 0 before every forward; {caveat}. "
-        f"In your code: {where}; without code changes the patch below does it",
+        + _in_your_code(ctx, "broadcast_buffers", False),
         {"ddp": {"broadcast_buffers": False}},
         _gain(transfer_s * to_pct, min(time_s * to_pct, e), basis),
         "low" if stats == 0 else "medium",
     )
 
 
-#: Where a user turns DDP's buffer broadcast off, by who built the DDP model (meta.json `ddp.built_by`).
-_BROADCAST_BUFFERS_OFF = {
-    "transformers": "TrainingArguments(ddp_broadcast_buffers=False)",
-    "accelerate": "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)])",
-    "lightning": "Trainer(strategy=DDPStrategy(broadcast_buffers=False))",
-    "torsh-tune": "[ddp] broadcast_buffers = false in the config torsh_tune.parallelize reads",
-    "user": "DistributedDataParallel(model, ..., broadcast_buffers=False)",
-}
+#: TrainingArguments' fields for DDP's arguments (the rest only through the torsh-tune patch).
+_HF_DDP_FIELDS = {"bucket_cap_mb": "ddp_bucket_cap_mb", "broadcast_buffers": "ddp_broadcast_buffers",
+                  "static_graph": "ddp_static_graph", "find_unused_parameters": "ddp_find_unused_parameters"}
+
+
+def _in_your_code(ctx: _Context, key: str, value: Any) -> str:
+    """Where a user sets DDP's argument `key` to `value` in their own code, by who built the DDP model
+    (meta.json `ddp.built_by`), and that the config patch does it without code changes."""
+    arg = f"{key}={value!r}"
+    built_by = str(ctx.ddp.get("built_by") or "user")
+    if built_by == "transformers":
+        field = _HF_DDP_FIELDS.get(key)
+        where = (f"TrainingArguments({field}={value!r})" if field else
+                 f"TrainingArguments has no field for {key}: only the patch below sets it")
+    elif built_by == "accelerate":
+        where = f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({arg})])"
+    elif built_by == "lightning":
+        where = f"Trainer(strategy=DDPStrategy({arg}))"
+    elif built_by == "torsh-tune":
+        where = "the config torsh_tune.parallelize reads (the patch below)"
+    else:
+        where = f"DistributedDataParallel(model, ..., {arg})"
+    return f"In your code: {where}; without code changes the patch below does it"
 
 
 def _size(nbytes: float) -> str:
@@ -506,7 +521,8 @@ def _memory(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         recs.append(_rec(
             "memory",
             "Enable DDP gradient_as_bucket_view to drop a gradient copy",
-            f"peak memory is {peak:.1f} % of capacity; buckets and gradients then share storage",
+            f"peak memory is {peak:.1f} % of capacity; buckets and gradients then share storage. "
+            + _in_your_code(ctx, "gradient_as_bucket_view", True),
             {"ddp": {"gradient_as_bucket_view": True}},
             _gain(0.0, 0.0, f"memory headroom, not step time: frees ~{param_bytes / _MiB:.0f} MiB "
                             f"({100.0 * param_bytes / cap:.1f} % of capacity) per rank"),
