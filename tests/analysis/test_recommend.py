@@ -410,7 +410,8 @@ def test_fsdps_recommendation_names_what_its_collectives_spend():
     meta = {0: {"collectives": {"fsdp": {"count": 12, "bytes": 1 << 24}}}}
     (gathers,) = recommend([finding({"fsdp all_gather": 0.006, "fsdp reduce_scatter": 0.002})], meta=meta, world_size=2)
     assert "exposed (per step: fsdp all_gather 6 ms; fsdp reduce_scatter 2 ms): prefetch" in gathers.rationale
-    (scatters,) = recommend([finding({"fsdp reduce_scatter": 0.006, "fsdp all_gather": 0.002})], meta=meta, world_size=2)
+    (scatters,) = recommend([finding({"fsdp reduce_scatter": 0.006, "fsdp all_gather": 0.002})], meta=meta,
+                            world_size=2)
     assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch
 
 

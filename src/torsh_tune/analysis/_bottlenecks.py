@@ -203,7 +203,8 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         evidence["backward_compute_s"] = step_s * pct.get("backward_compute", 0.0) / 100.0
     evidence["wire_s"] = comm.wire_s
     evidence["last_wire_s"] = comm.last_transfer_s
-    # Who spends the communication time: "issuer op" -> time per step (most first), when it is not DDP's all-reduce alone.
+    # Who spends the communication time: "issuer op" -> time per step (most first), unless DDP's
+    # all-reduce is all there is.
     kinds = [k for k in comm.by_kind if k["time_s"] > 0]
     if kinds and not (len(kinds) == 1 and kinds[0]["issuer"] == "ddp" and kinds[0]["op"] == "all_reduce"):
         evidence["comm_s_by_kind"] = {f"{k['issuer']} {k['op']}": k["time_s"] for k in kinds[:5]}
