@@ -408,10 +408,11 @@ def test_fsdps_recommendation_names_what_its_collectives_spend():
                                     "backward_compute_pct": 20.0, "step_s": 0.05, "comm_s_by_kind": by_kind})
 
     meta = {0: {"collectives": {"fsdp": {"count": 12, "bytes": 1 << 24}}}}
-    (gathers,) = recommend([finding({"fsdp all_gather": 0.006, "fsdp reduce_scatter": 0.002})], meta=meta, world_size=2)
-    assert "exposed (per step: fsdp all_gather 6 ms; fsdp reduce_scatter 2 ms): prefetch" in gathers.rationale
-    (scatters,) = recommend([finding({"fsdp reduce_scatter": 0.006, "fsdp all_gather": 0.002})], meta=meta,
-                            world_size=2)
+    # FSDP2's op names, as the capture records them.
+    ag, rs = "fsdp all_gather_into_tensor", "fsdp reduce_scatter_tensor"
+    (gathers,) = recommend([finding({ag: 0.006, rs: 0.002})], meta=meta, world_size=2)
+    assert f"exposed (per step: {ag} 6 ms; {rs} 2 ms): prefetch" in gathers.rationale
+    (scatters,) = recommend([finding({rs: 0.006, ag: 0.002})], meta=meta, world_size=2)
     assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch
 
 

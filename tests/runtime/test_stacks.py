@@ -87,6 +87,11 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
     a = analyze_run(run.path)
     assert a.comm is not None and a.comm.num_collectives_per_step >= 10
     assert a.breakdown.phases_s["exposed_comm"] > 0
+    # The communication split by who issued which op: the reduce-scatters carry every gradient once.
+    kinds = {(k["issuer"], k["op"]): k for k in a.comm.by_kind}
+    assert set(kinds) == {("fsdp", "all_gather_into_tensor"), ("fsdp", "reduce_scatter_tensor")}
+    assert kinds[("fsdp", "reduce_scatter_tensor")]["bytes"] == 4 * num_params
+    assert sum(k["count"] for k in kinds.values()) == a.comm.num_collectives_per_step
     _assert_self_check(run)
 
 

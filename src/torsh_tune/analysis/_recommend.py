@@ -445,7 +445,9 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
     spent = f" (per step: {spent})" if spent else ""
     if issuer == "fsdp":
         title = "Overlap FSDP's all-gathers and reduce-scatters with compute"
-        gathers, scatters = by_kind.get("fsdp all_gather", 0.0), by_kind.get("fsdp reduce_scatter", 0.0)
+        # all_gather_into_tensor / reduce_scatter_tensor (FSDP2), all_gather / reduce_scatter (FSDP1 paths)
+        gathers = sum(float(v) for k, v in by_kind.items() if k.startswith("fsdp all_gather"))
+        scatters = sum(float(v) for k, v in by_kind.items() if k.startswith("fsdp reduce_scatter"))
         first = ("the reduce-scatters take longest: they end the backward, so reduce them in bf16 "
                  "(MixedPrecisionPolicy reduce_dtype) or shard over fewer ranks (HSDP); the all-gathers: "
                  if scatters > gathers else "")
