@@ -134,7 +134,9 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
     script = SCRIPTS / "stack_compile_ddp.py"
     bare = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(script), "--steps", str(STEPS + WARMUP)], capture_output=True, text=True, timeout=300)
-    assert bare.returncode == 0, bare.stderr[-3000:]
+    # torch 2.13 on gloo now and then aborts a rank at interpreter exit ("terminate called without an active
+    # exception"; CI saw it once in this bare run): rank 0's counters, printed before it ended, are the run's.
+    assert bare.returncode == 0 or "compile_ddp done" in bare.stdout, bare.stdout[-2000:] + bare.stderr[-3000:]
     without = _dynamo_line(bare.stdout)
     # DDP's buckets timed one by one (`--comm-hook-timing`: the reducer's window counts the gaps
     # between buckets and their copy back as communication; one default run read comm +7.3 pp against
