@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from ..config import ThresholdsConfig
 from ._workers import host_idle_cores_per_rank, size_workers
-from ._types import SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats
+from ._types import (SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats,
+                     kinds_beyond_ddp)
 
 __all__ = ["diagnose"]
 
@@ -205,8 +206,8 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
     evidence["last_wire_s"] = comm.last_transfer_s
     # Who spends the communication time: "issuer op" -> time per step (most first), unless DDP's
     # all-reduce is all there is.
-    kinds = [k for k in comm.by_kind if k["time_s"] > 0]
-    if kinds and not (len(kinds) == 1 and kinds[0]["issuer"] == "ddp" and kinds[0]["op"] == "all_reduce"):
+    kinds = [k for k in kinds_beyond_ddp(comm.by_kind) if k["time_s"] > 0]
+    if kinds:
         evidence["comm_s_by_kind"] = {f"{k['issuer']} {k['op']}": k["time_s"] for k in kinds[:5]}
     # DDP's broadcast of its buffers before each forward: synchronous, in the forward, never hidden.
     buffers = next((k for k in comm.by_kind if k["issuer"] == "ddp" and k["op"] == "broadcast"), None)

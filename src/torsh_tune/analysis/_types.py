@@ -27,6 +27,7 @@ __all__ = [
     "StepStats",
     "StragglerStats",
     "SystemStats",
+    "kinds_beyond_ddp",
 ]
 
 #: Bottleneck categories, in the order reports list them.
@@ -139,6 +140,15 @@ class CommStats:
     # and time_s (its records' durations) the mean across ranks, transfer_s per collective's min across
     # ranks, each the median over steps (a kind missing from a step counts 0 there); most time first.
     by_kind: tuple[dict[str, Any], ...] = ()
+
+
+def kinds_beyond_ddp(by_kind: Any) -> list[dict[str, Any]]:
+    """`CommStats.by_kind` rows worth showing apart: none when DDP's all-reduce (or an all-reduce
+    of records made before the issuer was kept) is all there is, else every row."""
+    kinds = list(by_kind or [])
+    if len(kinds) == 1 and kinds[0].get("issuer") in ("ddp", "unrecorded") and kinds[0].get("op") == "all_reduce":
+        return []
+    return kinds
 
 
 @dataclass(frozen=True, kw_only=True)

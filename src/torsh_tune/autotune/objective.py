@@ -375,12 +375,17 @@ _DDP_SETTINGS = ("bucket_cap_mb", "first_bucket_cap_mb", "gradient_as_bucket_vie
                  "find_unused_parameters", "broadcast_buffers", "comm_hook")
 
 
+def _rank0_meta(run: RunDir) -> dict[str, Any] | None:
+    """Rank 0's meta.json, None when it left none (ValueError when it is not JSON)."""
+    path = run.rank_file(0, "meta")
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def recorded_ddp(run_dirs: Sequence[str | os.PathLike[str]]) -> dict[str, Any] | None:
     """Rank 0's DDP model as the first of `run_dirs` that recorded one (meta.json `ddp`), else None."""
     for run_dir in run_dirs:
-        path = RunDir(run_dir).rank_file(0, "meta")
         try:
-            ddp = json.loads(path.read_text()).get("ddp")
+            ddp = (_rank0_meta(RunDir(run_dir)) or {}).get("ddp")
         except (OSError, ValueError):
             continue
         if isinstance(ddp, dict):
@@ -402,10 +407,9 @@ def effective_settings(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None
         A JSON-comparable dict, or None when rank 0 left no meta.json (nothing to compare).
     """
     run = RunDir(run_dir)  # two small JSON files, not the run's records
-    meta_path = run.rank_file(0, "meta")
-    if not meta_path.is_file():
+    meta = _rank0_meta(run)
+    if meta is None:
         return None
-    meta = json.loads(meta_path.read_text())
     config = json.loads(run.config_json.read_text()) if run.config_json.is_file() else {}
     strategy = {k: v for k, v in (config.get("strategy") or {}).items() if k not in ("ddp", "dataloader")}
     env = dict((config.get("launch") or {}).get("env") or {})

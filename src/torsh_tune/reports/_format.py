@@ -261,9 +261,7 @@ def migration_cell(row: dict[str, Any], key: str) -> str:
 
 
 def comm_kinds(communication: dict[str, Any]) -> list[dict[str, Any]]:
-    """The report's rows of communication by issuer and op; none when DDP's all-reduce is all there is
-    (or an all-reduce of records made before the issuer was kept)."""
-    kinds = list(communication.get("by_kind") or [])
-    if len(kinds) == 1 and kinds[0].get("issuer") in ("ddp", "unrecorded") and kinds[0].get("op") == "all_reduce":
-        return []
-    return kinds
+    """The report's rows of communication by issuer and op (`analysis.kinds_beyond_ddp`)."""
+    from ..analysis import kinds_beyond_ddp
+
+    return kinds_beyond_ddp(communication.get("by_kind"))
