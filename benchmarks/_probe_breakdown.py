@@ -118,7 +118,7 @@ def instrument_before_install() -> None:
     _patch_method(writer.RecordWriter, "_flush", "RecordWriter._flush (file write, ~1/s)")
     for attr in ("_begin", "_end", "_group"):
         _patch_method(collectives.CollectiveCapture, attr, f"CollectiveCapture.{attr}")
-    collectives._caller_issuer = timed("collectives._caller_issuer (frame walk)", collectives._caller_issuer)
+    collectives._caller_site = timed("collectives._caller_site (frame walk)", collectives._caller_site)
     collectives._nbytes_dtype = timed("collectives._nbytes_dtype", collectives._nbytes_dtype)
     for attr in ("forward_pre_hook", "forward_post_hook", "ddp_step_comm"):
         _patch_method(context.RankRuntime, attr, f"RankRuntime.{attr}")
@@ -213,7 +213,7 @@ def run(workload: str, size: int, steps: int, warmup: int, *, probes: bool = Tru
         "probe: capture wrapper, self minus timed parts":
             us("probe: capture wrapper, inclusive") - us("torch: c10d collective (original)")
             - sum(us(f"CollectiveCapture.{a}") for a in ("_begin", "_end"))
-            - us("collectives._caller_issuer (frame walk)") - us("collectives._nbytes_dtype"),
+            - us("collectives._caller_site (frame walk)") - us("collectives._nbytes_dtype"),
         "probe: backward wrapper, self":
             us("probe: backward wrapper, inclusive") - us("torch: autograd.backward (original)"),
         "probe: DataLoader wrapper, self":

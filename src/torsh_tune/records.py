@@ -90,6 +90,9 @@ class CommRecord:
     t_complete: float | None = None  # Unix s: completed (device clock: on the step's device timeline, anchored at its host start)
     duration_s: float | None = None  # in `clock`: skew + contention + transfer (None: never seen complete)
     issuer: str | None = None  # ddp, fsdp, pipeline, user, accelerate, transformers, lightning, dtensor
+    # The function that called torch.distributed, "module:qualname" (a script's file name for its __main__):
+    # the first frame outside c10d's plumbing, the one the issuer is read from. None: DDP's C++ reducer.
+    origin: str | None = None
     group: str | None = None  # process group: "world" or its name
     group_ranks: list[int] | None = None  # global ranks of the group
     group_size: int | None = None

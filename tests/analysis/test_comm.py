@@ -90,6 +90,9 @@ def test_no_communication_gives_none():
     assert comm_stats(steps, _comm([]).iloc[0:0], world_size=1) is None
 
 
+BROADCAST = "torch.nn.parallel.distributed:DistributedDataParallel._distributed_broadcast_coalesced"
+
+
 def test_time_per_step_by_who_issued_which_op():
     # Two ranks, three steps: DDP broadcasts its buffers before every forward (rank 1 waits 2 ms on rank 0),
     # then all-reduces one bucket; the script all-gathers once, in step 1 only.
@@ -98,20 +101,44 @@ def test_time_per_step_by_who_issued_which_op():
         t = 10.0 * step
         for r in range(2):
             rows.append(dict(rank=r, step=step, seq=3 * step, collective="broadcast", issuer="ddp", bytes=4096,
-                             t_issue=t, duration_s=0.003 if r else 0.001))
+                             t_issue=t, duration_s=0.003 if r else 0.001, origin=BROADCAST))
             rows.append(dict(rank=r, step=step, seq=3 * step + 1, issuer="ddp", bytes=1000, t_issue=t + 1,
                              duration_s=0.010))
-            if step == 1:
+            if step == 1:  # from two functions of the script: the one that took longer first
                 rows.append(dict(rank=r, step=step, seq=3 * step + 2, collective="all_gather", issuer="user",
-                                 bytes=64, t_issue=t + 2, duration_s=0.5))
+                                 bytes=64, t_issue=t + 2, duration_s=0.5, origin="train.py:sync"))
+                rows.append(dict(rank=r, step=step, seq=3 * step + 3, collective="all_gather", issuer="user",
+                                 bytes=64, t_issue=t + 3, duration_s=0.7, origin="train.py:<module>"))
     steps = pd.DataFrame({"rank": [0, 1] * 3, "step": [0, 0, 1, 1, 2, 2], "comm_s": 0.02, "exposed_comm_s": 0.01})
     kinds = comm_stats(steps, _comm(rows), world_size=2).by_kind
     assert [(k["issuer"], k["op"]) for k in kinds] == [("ddp", "all_reduce"), ("ddp", "broadcast"),
                                                        ("user", "all_gather")]  # most time first
     by = {(k["issuer"], k["op"]): k for k in kinds}
+    # Where each kind was called from (records without an origin, DDP's C++ reducer's, name none).
+    assert [k.pop("origins") for k in kinds] == [[], [BROADCAST], ["train.py:<module>", "train.py:sync"]]
     assert by[("ddp", "broadcast")] == pytest.approx({"issuer": "ddp", "op": "broadcast", "count": 1, "bytes": 4096,
                                                       "time_s": 0.002, "transfer_s": 0.001})
     assert by[("ddp", "all_reduce")]["time_s"] == pytest.approx(0.010)
     # In one step of three: the median step has none of it.
     assert by[("user", "all_gather")] == pytest.approx({"issuer": "user", "op": "all_gather", "count": 0, "bytes": 0,
                                                        "time_s": 0.0, "transfer_s": 0.0})
+
+
+def test_ddps_builtin_all_reduce_counts_over_the_steps_its_timers_were_read():
+    # DDP's C++ all-reduce is one step-level record per step whose reducer timers were read (every 8th step
+    # past the detailed ones on CPU): the other steps did all-reduce too. Lightning's flag is captured in all.
+    rows, timed = [], []
+    for step in range(10):
+        read = step % 8 == 0
+        timed += [dict(rank=r, step=step, comm_s=0.02 if read else 0.0, exposed_comm_s=0.01 if read else 0.0,
+                       comm_timed=read) for r in range(2)]
+        for r in range(2):
+            if read:
+                rows.append(dict(rank=r, step=step, seq=2 * step, issuer="ddp", hook="builtin", bytes=1000,
+                                 t_issue=10.0 * step, duration_s=0.010))
+            rows.append(dict(rank=r, step=step, seq=2 * step + 1, collective="broadcast", hook=None, bytes=8,
+                             issuer="lightning", t_issue=10.0 * step + 1, duration_s=0.001,
+                             origin="lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor"))
+    kinds = {(k["issuer"], k["op"]): k for k in comm_stats(pd.DataFrame(timed), _comm(rows), world_size=2).by_kind}
+    assert (kinds[("ddp", "all_reduce")]["count"], kinds[("ddp", "all_reduce")]["time_s"]) == (1, pytest.approx(0.010))
+    assert (kinds[("lightning", "broadcast")]["count"], kinds[("lightning", "broadcast")]["bytes"]) == (1, 8)

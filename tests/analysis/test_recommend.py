@@ -361,6 +361,50 @@ def test_ddps_buffer_broadcast_is_recommended_away_with_its_measured_share():
                 if "broadcast_buffers" in r.title]
 
 
+SIGTERM = "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor"
+
+
+def _sync_finding(kind: str, origins: list[str], pct: float) -> Bottleneck:
+    step_s = 0.005
+    ev = {"exposed_comm_pct": 40.0, "attributable_comm_pct": 40.0, "backward_compute_pct": 10.0, "step_s": step_s,
+          "backward_compute_s": 0.0005, "overlap_pct": 2.0, "comm_s": 0.0026, "exposed_comm_s": 0.002,
+          "bytes_per_step": 300 * 1024 + 8, "num_collectives_per_step": 2,
+          "comm_s_by_kind": {"ddp all_reduce": 0.0018, kind: step_s * pct / 100},
+          "comm_origins_by_kind": {kind: origins}}
+    for field, value in (("s", step_s * pct / 100), ("transfer_s", step_s * pct / 400), ("bytes", 8.0),
+                         ("count", 1.0), ("pct", pct)):
+        ev[f"framework_sync_{field}_by_kind"] = {kind: value}
+    return Bottleneck(category="communication", severity="high", ranks=(0, 1), message="", evidence=ev)
+
+
+def test_a_frameworks_per_step_collective_is_named_by_where_it_is_called_and_sized():
+    meta = {0: {"ddp": {"bucket_cap_mb": 25.0, "param_bytes": 300 * 1024, "broadcast_buffers": True,
+                        "buffer_bytes": 0, "built_by": "lightning"}}}
+    recs = recommend([_sync_finding("lightning broadcast", [SIGTERM], 10.0)], meta=meta, world_size=2)
+    (rec,) = [r for r in recs if "SIGTERM" in r.title]
+    # At least its transfer, at most all of it (synchronous, before the batch).
+    assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (2.5, 10.0)
+    assert f"10.0 % of the step is lightning broadcast (called from {SIGTERM})" in rec.rationale
+    assert "#21487" in rec.rationale and "total_batch_idx % 50 == 0" in rec.rationale and not rec.config_patch
+    # Anything else a framework issues at most steps: named by where it is called, generic advice.
+    other = "lightning.pytorch.callbacks.something:Flag.check"
+    (rec,) = [r for r in recommend([_sync_finding("lightning all_reduce", [other], 5.0)], meta=meta, world_size=2)
+              if "per-step all_reduce" in r.title]
+    assert rec.title == "Issue lightning's per-step all_reduce less often" and f"called from {other}" in rec.rationale
+    # Under 1 % of the step: nothing.
+    assert not [r for r in recommend([_sync_finding("lightning broadcast", [SIGTERM], 0.5)], meta=meta, world_size=2)
+                if "SIGTERM" in r.title]
+
+
+def test_a_frameworks_per_step_collective_is_not_sized_as_gradient_communication():
+    from torsh_tune.analysis._recommend import _gradient_evidence
+
+    ev = _sync_finding("lightning broadcast", [SIGTERM], 10.0).evidence
+    grads, e = _gradient_evidence(ev, 40.0)
+    assert e == 30.0 and grads["num_collectives_per_step"] == 1 and grads["bytes_per_step"] == 300 * 1024
+    assert grads["comm_s"] == pytest.approx(0.0026 - 0.0005) and ev["comm_s"] == 0.0026  # the finding's own kept
+
+
 def test_a_real_runs_buffer_broadcast_is_measured_and_recommended_away(tmp_path):
     """2 ranks, gloo: a model with an 8 MiB constant buffer (a lookup table) that DDP broadcasts
     from rank 0 before every forward, far longer than the tiny model's compute."""

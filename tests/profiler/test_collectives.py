@@ -159,8 +159,10 @@ def test_the_issuer_is_the_calling_module(capture, module, issuer):
     _, tracker = capture
     _fake()
     assert issuer_of(module) == issuer
-    _call_from(module, "call_" + module.replace(".", "_"))
-    assert [r["issuer"] for r in _records(tracker)] == [issuer]
+    function = "call_" + module.replace(".", "_")
+    _call_from(module, function)
+    # The origin: the function that called torch.distributed, in its module.
+    assert [(r["issuer"], r["origin"]) for r in _records(tracker)] == [(issuer, f"{module}:{function}")]
 
 
 def _call_from(module: str, function: str) -> None:
@@ -188,8 +190,9 @@ def test_torsh_tunes_own_calls_are_not_the_scripts(capture):
         exec(compile("dist.barrier()\n", "<bootstrap>", "exec"), {**scope, "dist": dist})  # noqa: S102
     assert list(tracker.comm_done) == []
     script = "steps = 1\ndist.barrier()\n"  # not the same code as the bootstrap's (issuers are cached per code)
-    exec(compile(script, "<script>", "exec"), {"__name__": "__main__", "__spec__": None, "dist": dist})  # noqa: S102
-    assert [r["issuer"] for r in _records(tracker)] == ["user"]
+    exec(compile(script, "/work/train.py", "exec"), {"__name__": "__main__", "__spec__": None, "dist": dist})  # noqa: S102
+    # A script's own module is named by its file.
+    assert [(r["issuer"], r["origin"]) for r in _records(tracker)] == [("user", "train.py:<module>")]
 
 
 def test_a_new_default_group_after_destroy_is_not_the_old_one(capture):
@@ -258,6 +261,8 @@ def test_ddps_broadcast_of_its_buffers_before_each_forward_is_a_record_of_ddp(ca
     broadcasts = [r for r in _records(tracker) if r["collective"] == "broadcast"]
     assert [(r["bytes"], r["issuer"], r["group"], r["async_op"]) for r in broadcasts] == \
         [(buffers, "ddp", "world", False)] * 2
+    assert {r["origin"] for r in broadcasts} == {
+        "torch.nn.parallel.distributed:DistributedDataParallel._distributed_broadcast_coalesced"}
     assert all(r["duration_s"] == r["blocked_s"] > 0 for r in broadcasts)
     # What meta.json says of them: all running statistics (the forward updates them in training).
     from torsh_tune.runtime.context import _broadcast_buffers

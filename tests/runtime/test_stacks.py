@@ -29,6 +29,9 @@ def _profile(tmp_path, name: str, script: str, *script_args: str, extra: tuple[s
     return RunDir(runs / name)
 
 
+LIGHTNING_SIGTERM = "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor"
+
+
 def _per_step_bytes(comm: list[dict], *, collective: str | None = None, issuer: str | None = None) -> dict[int, int]:
     out: dict[int, int] = {}
     for c in comm:
@@ -76,6 +79,9 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
     for rank in (0, 1):
         comm = read_jsonl(run.rank_file(rank, "comm"))
         assert {c["issuer"] for c in comm} == {"fsdp"}
+        # Called from FSDP2's own collectives module (not the script): where FSDP's advice applies.
+        assert all(c["origin"].startswith("torch.distributed.fsdp._fully_shard.") for c in comm), \
+            {c["origin"] for c in comm}
         assert all(c["clock"] == "host" and c["backend"] == "gloo" and c["group_ranks"] == [0, 1] for c in comm)
         measured = range(WARMUP, WARMUP + STEPS)
         rs = _per_step_bytes(comm, collective="reduce_scatter_tensor")
@@ -103,6 +109,7 @@ def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path
     for rank in (0, 1):
         comm = read_jsonl(run.rank_file(rank, "comm"))
         assert {c["issuer"] for c in comm} == {"user"} and {c["collective"] for c in comm} == {"all_reduce"}
+        assert {c["origin"] for c in comm} == {"stack_allreduce.py:<module>"}  # the script's own top level
         per_step = _per_step_bytes(comm)
         assert all(per_step[s] == grad_bytes for s in range(WARMUP + STEPS)), per_step
         # Synchronous gloo calls: the training thread waits for all of each one.
@@ -116,7 +123,8 @@ def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path
     assert recs and "DDP instead" in recs[0].title and not recs[0].config_patch
     comm = next(b for b in a.bottlenecks if b.category == "communication")
     assert list(comm.evidence["comm_s_by_kind"]) == ["user all_reduce"]
-    assert "block the training thread (per step: user all_reduce " in recs[0].rationale
+    assert "from 'user' code (stack_allreduce.py:<module>) and block the training thread (per step: user all_reduce " \
+        in recs[0].rationale
     _assert_self_check(run)
 
 
@@ -184,6 +192,11 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
         # BERT model's position and token type ids (the other two models have no buffers).
         broadcasts = _per_step_bytes(comm, collective="broadcast", issuer="ddp")
         assert broadcasts == ({s: buffer_bytes for s in range(STEPS + WARMUP)} if buffer_bytes else {}), broadcasts
+        if script == "stack_lightning.py":
+            # Lightning's own collective before every batch, named by the function that calls it: its SIGTERM flag.
+            flags = [c for c in comm if c.get("issuer") == "lightning" and c["collective"] == "broadcast"]
+            assert {(c["origin"], c["bytes"]) for c in flags} == {(LIGHTNING_SIGTERM, 8)}
+            assert {c["step"] for c in flags} == set(range(STEPS + WARMUP))
     assert (buffer_bytes > 0) == (script == "stack_hf_trainer.py"), buffer_bytes
     # Whose settings reach DDP's arguments (the recommendations say where to change them).
     assert meta["ddp"]["built_by"] == {"stack_hf_trainer.py": "transformers", "stack_accelerate.py": "accelerate",
@@ -198,7 +211,14 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
     inside = phases[["data", "forward", "backward_compute", "exposed_comm", "optimizer"]].sum(axis=1)
     excess = inside - phases["step_s"]
     assert (excess <= 1e-6 + 1e-3 * phases["step_s"]).all(), phases[excess > 0]
-    assert analyze_run(run.path).breakdown.phases_pct["forward"] > 0
+    a = analyze_run(run.path)
+    assert a.breakdown.phases_pct["forward"] > 0
+    if script == "stack_lightning.py":
+        kinds = {(k["issuer"], k["op"]): k for k in a.comm.by_kind}
+        assert kinds[("lightning", "broadcast")]["count"] == 1 and kinds[("ddp", "all_reduce")]["count"] == 1
+        assert kinds[("lightning", "broadcast")]["origins"] == [LIGHTNING_SIGTERM]
+        if any(b.category == "communication" for b in a.bottlenecks):  # the finding its advice belongs to
+            assert any(r.title == "Make Lightning's per-batch SIGTERM broadcast rarer" for r in a.recommendations)
     # DDP's builtin all-reduce, one bucket in these models: its reducer window agrees with the trace. Before
     # DDP's broadcast of BERT's buffers was captured, the Trainer read compute +7.5, comm -6.6 pp. Lightning
     # (forward and backward inside `optimizer.step(closure)`, a broadcast of its own every step) read

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from ..config import ThresholdsConfig
 from ._workers import host_idle_cores_per_rank, size_workers
-from ._types import (SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats,
-                     kinds_beyond_ddp)
+from ._types import (FRAMEWORK_ISSUERS, SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats,
+                     SystemStats, kinds_beyond_ddp)
 
 __all__ = ["diagnose"]
 
@@ -209,6 +209,17 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
     kinds = [k for k in kinds_beyond_ddp(comm.by_kind) if k["time_s"] > 0]
     if kinds:
         evidence["comm_s_by_kind"] = {f"{k['issuer']} {k['op']}": k["time_s"] for k in kinds[:5]}
+        origins = {f"{k['issuer']} {k['op']}": k["origins"] for k in kinds[:5] if k.get("origins")}
+        if origins:  # the functions that called torch.distributed, most time first
+            evidence["comm_origins_by_kind"] = origins
+    # Collectives a training framework issues in most steps besides the gradients' (Lightning's SIGTERM
+    # flag, a logged value synchronised at every step): synchronous, small, latency-bound.
+    syncs = [k for k in comm.by_kind if k["issuer"] in FRAMEWORK_ISSUERS and k["count"] > 0 and k["time_s"] > 0]
+    if syncs and step_s:
+        for field, key in (("s", "time_s"), ("transfer_s", "transfer_s"), ("bytes", "bytes"), ("count", "count")):
+            evidence[f"framework_sync_{field}_by_kind"] = {f"{k['issuer']} {k['op']}": k[key] for k in syncs}
+        evidence["framework_sync_pct_by_kind"] = {f"{k['issuer']} {k['op']}": round(100.0 * k["time_s"] / step_s, 2)
+                                                  for k in syncs}
     # DDP's broadcast of its buffers before each forward: synchronous, in the forward, never hidden.
     buffers = next((k for k in comm.by_kind if k["issuer"] == "ddp" and k["op"] == "broadcast"), None)
     if buffers is not None and buffers["time_s"] > 0 and step_s:

@@ -127,17 +127,22 @@ def comm_stats(
 
 def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, Any], ...]:
     """Each (issuer, op)'s count, bytes and time per step (see `CommStats.by_kind`): over the measured
-    steps (a collective of every tenth step is 0 in the median step), per rank that recorded the step."""
+    steps (a collective of every tenth step is 0 in the median step), per rank that recorded the step.
+    DDP's builtin all-reduce (records of the reducer's timers, hook "builtin") over the steps whose timers
+    were read (`comm_timed`): the others did all-reduce, unmeasured."""
     if "issuer" not in df.columns:
         return ()
     kinds = df.assign(issuer=df["issuer"].fillna("unrecorded").astype(str),
                       op=df["collective"].fillna("unrecorded").astype(str))
-    known = step_records if {"step", "rank"} <= set(step_records.columns) and len(step_records) else kinds
-    steps = pd.Index(sorted(set(known["step"].tolist()) | set(kinds["step"].tolist())), name="step")
-    ranks = pd.concat([known[["step", "rank"]], kinds[["step", "rank"]]]).groupby("step")["rank"].nunique()
-    ranks = ranks.reindex(steps)
     out = []
     for (issuer, op), g in kinds.groupby(["issuer", "op"], sort=False):
+        builtin = "hook" in g.columns and bool(g["hook"].eq("builtin").all())
+        known = comm_timed(step_records) if builtin else step_records
+        if not ({"step", "rank"} <= set(known.columns) and len(known)):
+            known = kinds
+        steps = pd.Index(sorted(set(known["step"].tolist()) | set(g["step"].tolist())), name="step")
+        ranks = pd.concat([known[["step", "rank"]], g[["step", "rank"]]]).groupby("step")["rank"].nunique()
+        ranks = ranks.reindex(steps)
         per_rank = g.groupby(["step", "rank"]).agg(count=("seq", "size"), bytes=("bytes", "sum"),
                                                    time_s=("duration_s", "sum"))
         # A rank without this kind in a step had none of it: 0, not a missing value.
@@ -145,8 +150,17 @@ def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, An
         transfer = g.groupby(["step", "seq"])["transfer_s"].first().groupby("step").sum().reindex(steps, fill_value=0.0)
         out.append({"issuer": issuer, "op": op, "count": float(per_step["count"].median()),
                     "bytes": float(per_step["bytes"].median()), "time_s": float(per_step["time_s"].median()),
-                    "transfer_s": float(transfer.median())})
+                    "transfer_s": float(transfer.median()), "origins": _origins(g)})
     return tuple(sorted(out, key=lambda k: -k["time_s"]))
+
+
+def _origins(g: pd.DataFrame, most: int = 3) -> list[str]:
+    """The functions that called torch.distributed for these records, most time first (at most `most`)."""
+    if "origin" not in g.columns:
+        return []
+    known = g.dropna(subset=["origin"])
+    time = known["duration_s"].fillna(0.0).groupby(known["origin"].astype(str)).sum()
+    return [str(o) for o in time.sort_values(ascending=False, kind="stable").index[:most]]
 
 
 def _median_of_mean(steps: pd.DataFrame, col: str) -> float:

@@ -44,8 +44,9 @@ _BUCKET_CAPS_MB = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0)
 #: what a sparser gradient costs the loss), not above the search space's 0.1.
 _TOPK_RATIO_MIN, _TOPK_RATIO_MAX = 0.01, 0.1
 _TOPK_ENTRY_BYTES, _FP32_BYTES = 8, 4
-#: DDP's buffer broadcast is recommended away from this share of the step (below it, noise and the kernel launch).
-_BUFFER_BROADCAST_MIN_PCT = 1.0
+#: A synchronous collective outside the gradients (DDP's buffer broadcast, a framework's per-step flag) is
+#: recommended away from this share of the step (below it, noise and the kernel launch).
+_SYNC_MIN_PCT = 1.0
 
 
 def recommend(
@@ -205,23 +206,89 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     if not ctx.ddp:
         return _communication_without_ddp(e, bwd, ev, ctx)
     grads, grad_e = _gradient_evidence(ev, e)
-    recs = [_bucket_cap(grads, grad_e, bwd, ctx), _topk_ratio(grads, grad_e, ctx), _buffer_broadcast(ev, e, ctx)]
+    recs = [_bucket_cap(grads, grad_e, bwd, ctx), _topk_ratio(grads, grad_e, ctx), _buffer_broadcast(ev, e, ctx),
+            *_framework_syncs(ev, e)]
     return [r for r in recs if r is not None]
 
 
 def _gradient_evidence(ev: dict[str, Any], e: float) -> tuple[dict[str, Any], float]:
-    """The finding's evidence and exposed share without DDP's buffer broadcast: what bucket caps and
-    gradient compression act on (the broadcast is synchronous in the forward: all of it is exposed)."""
-    b_s = float(ev.get("buffer_broadcast_s") or 0.0)
-    if not b_s:
+    """The finding's evidence and exposed share without DDP's buffer broadcast and a framework's per-step
+    collectives: what bucket caps and gradient compression act on (those are synchronous, outside the
+    backward: all of them is exposed)."""
+    apart = []  # (time s, transfer s, bytes, count, % of the step) per step
+    if ev.get("buffer_broadcast_s"):
+        apart.append(tuple(ev.get(f"buffer_broadcast{k}") for k in ("_s", "_transfer_s", "_bytes", "_count", "_pct")))
+    for kind, time_s in (ev.get("framework_sync_s_by_kind") or {}).items():
+        apart.append((time_s, *((ev.get(f"framework_sync_{k}_by_kind") or {}).get(kind)
+                                for k in ("transfer_s", "bytes", "count", "pct"))))
+    if not apart:
         return ev, e
     out = dict(ev)
-    for key, less in (("comm_s", b_s), ("exposed_comm_s", b_s), ("wire_s", ev.get("buffer_broadcast_transfer_s")),
-                      ("bytes_per_step", ev.get("buffer_broadcast_bytes")),
-                      ("num_collectives_per_step", ev.get("buffer_broadcast_count"))):
-        if out.get(key) is not None and less:
-            out[key] = max(float(out[key]) - float(less), 0.0)
-    return out, max(e - float(ev.get("buffer_broadcast_pct") or 0.0), 0.0)
+    for time_s, transfer_s, nbytes, count, pct in apart:
+        for key, less in (("comm_s", time_s), ("exposed_comm_s", time_s), ("wire_s", transfer_s),
+                          ("bytes_per_step", nbytes), ("num_collectives_per_step", count)):
+            if out.get(key) is not None and less:
+                out[key] = max(float(out[key]) - float(less), 0.0)
+        e = max(e - float(pct or 0.0), 0.0)
+    return out, e
+
+
+#: What a framework's per-step collective is and what to do about it, by the function that issues it
+#: (`CommRecord.origin`). Anything else a framework issues at most steps gets the generic advice.
+_FRAMEWORK_SYNCS: dict[str, tuple[str, str, str]] = {
+    "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor": (
+        "Make Lightning's per-batch SIGTERM broadcast rarer",
+        "Lightning broadcasts rank 0's SIGTERM flag before every training batch and reads it back with "
+        "`.item()` (on CUDA that also makes the host wait for the device at every batch)",
+        "no Trainer argument turns it off (Lightning-AI/pytorch-lightning#21487; #21640 proposes "
+        "`Trainer(broadcast_sigterm_every_n_steps=N)`). Until then, in your script before `fit`: keep "
+        "`orig = _TrainingEpochLoop._broadcast_sigterm_tensor` (lightning.pytorch.loops.training_epoch_loop) and "
+        "replace it with one that calls `orig(self)` only when `self.total_batch_idx % 50 == 0` (every rank "
+        "counts the same batches, so all of them still broadcast together); a SIGTERM is then acted on up to "
+        "50 batches later. It is a private method: check it after upgrading Lightning",
+    ),
+    "lightning.fabric.utilities.distributed:_sync_ddp": (
+        "Synchronise Lightning's logged values once per epoch, not at every step",
+        "`self.log(..., sync_dist=True)` all-reduces the logged value across ranks at every step it is logged",
+        "log per step without sync_dist (each rank's own value) and with `on_epoch=True, sync_dist=True` for "
+        "the value you compare across runs, or log less often (`Trainer(log_every_n_steps=...)`)",
+    ),
+}
+
+
+def _framework_syncs(ev: dict[str, Any], e: float) -> list[Recommendation]:
+    """A training framework's own collectives in most steps (besides the gradients'), each a visible share."""
+    recs = []
+    origins = ev.get("comm_origins_by_kind") or {}
+    for kind, pct in (ev.get("framework_sync_pct_by_kind") or {}).items():
+        if float(pct) < _SYNC_MIN_PCT or not ev.get("step_s"):
+            continue
+        time_s = float(ev["framework_sync_s_by_kind"][kind])
+        transfer_s = float((ev.get("framework_sync_transfer_s_by_kind") or {}).get(kind) or 0.0)
+        count = float((ev.get("framework_sync_count_by_kind") or {}).get(kind) or 0.0)
+        nbytes = float((ev.get("framework_sync_bytes_by_kind") or {}).get(kind) or 0.0)
+        called = list(origins.get(kind) or [])
+        known = next((_FRAMEWORK_SYNCS[o] for o in called if o in _FRAMEWORK_SYNCS), None)
+        issuer, op = kind.split(" ", 1)
+        where = f"called from {', '.join(called)}" if called else "where it is called from was not recorded"
+        if known is not None:
+            title, what, todo = known
+        else:
+            title = f"Issue {issuer}'s per-step {op} less often"
+            what = f"{issuer} issues a {op} in most steps besides the gradients' ({where})"
+            todo = ("find the option of that call (a metric synchronised at every step, a flag checked at every "
+                    "batch) and make it run per epoch or every N steps")
+        to_pct = 100.0 / float(ev["step_s"])
+        basis = (f"{kind}: {count:.3g} per step, {_size(nbytes)}, {1e3 * time_s:.3g} ms per step (mean of ranks, "
+                 f"median over steps), {1e3 * transfer_s:.3g} ms of it the transfer; synchronous and latency-bound: "
+                 "removing it saves at least the transfer (a rank's wait for the others may move to its next "
+                 "collective) and at most all of it")
+        recs.append(_rec(
+            "communication", title,
+            f"{float(pct):.1f} % of the step is {kind} ({where}): {what}. What to do: {todo}",
+            {}, _gain(transfer_s * to_pct, min(time_s * to_pct, e), basis), "medium",
+        ))
+    return recs
 
 
 class _Fabric:
@@ -371,7 +438,7 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
     """DDP's broadcast of its buffers before every forward, when it is a visible share of the step."""
     pct, step_s = ev.get("buffer_broadcast_pct"), ev.get("step_s")
     total = int(ctx.ddp.get("buffer_bytes") or 0)
-    if not (pct and step_s and total) or float(pct) < _BUFFER_BROADCAST_MIN_PCT:
+    if not (pct and step_s and total) or float(pct) < _SYNC_MIN_PCT:
         return None
     if not ctx.ddp.get("broadcast_buffers", True):
         return None
@@ -456,7 +523,10 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
                "blocks unsharded after forward (reshard_after_forward=False), or shard over fewer ranks (HSDP)")
     else:
         title = "Average gradients with DDP instead of blocking all-reduces after backward"
-        why = (f"the collectives come from {issuer!r} code and block the training thread{spent}; DDP's bucketed "
+        called = [o for k, origins in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith(f"{issuer} ")
+                  for o in origins]
+        where = f" ({', '.join(dict.fromkeys(called))})" if called else ""
+        why = (f"the collectives come from {issuer!r} code{where} and block the training thread{spent}; DDP's bucketed "
                "all-reduce starts during backward and overlaps with it (or register the all-reduce as a "
                "gradient hook with async_op=True and wait before the optimizer step)")
     return [_rec(
@@ -464,7 +534,7 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
         {}, _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %"),
         "medium",
-    )]
+    ), *_framework_syncs(ev, e)]
 
 
 def _network(b: Bottleneck, ctx: _Context) -> list[Recommendation]:

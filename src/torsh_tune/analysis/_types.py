@@ -136,10 +136,15 @@ class CommStats:
     wait_by_rank_s: dict[int, float] = field(default_factory=dict)  # median per step
     last_transfer_s: float | None = None  # wire time of each step's last collective (never overlappable)
     wire_s: float | None = None  # per step: transfer without queueing behind the previous collective
-    # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s"}; count, bytes
-    # and time_s (its records' durations) the mean across ranks, transfer_s per collective's min across
-    # ranks, each the median over steps (a kind missing from a step counts 0 there); most time first.
+    # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s", "origins"}; count,
+    # bytes and time_s (its records' durations) the mean across ranks, transfer_s per collective's min across
+    # ranks, each the median over steps (a kind missing from a step counts 0 there); origins: the functions
+    # that called torch.distributed ("module:qualname"), most time first, at most 3; most time first.
     by_kind: tuple[dict[str, Any], ...] = ()
+
+
+#: Issuers that are training frameworks (their collectives besides the gradients' are theirs to explain).
+FRAMEWORK_ISSUERS = frozenset({"lightning", "accelerate", "transformers", "deepspeed"})
 
 
 def kinds_beyond_ddp(by_kind: Any) -> list[dict[str, Any]]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import threading
 import time
@@ -135,31 +136,36 @@ def issuer_of(module_name: str) -> str:
     return "user"
 
 
-# (the calling function's code object, its module's globals) -> issuer: one walk per call site. Code
-# objects compare by value (not by file): the same function in two modules must not share an entry.
-_ISSUER_OF_SITE: dict[tuple[Any, int], str] = {}
+# (the calling function's code object, its module's globals) -> (issuer, origin): one walk per call site.
+# Code objects compare by value (not by file): the same function in two modules must not share an entry.
+_ISSUER_OF_SITE: dict[tuple[Any, int], tuple[str, str | None]] = {}
 
 
-def _caller_issuer(frame: Any) -> str:
+def _caller_site(frame: Any) -> tuple[str, str | None]:
+    """(issuer, origin) of a call from `frame`: who issued it, and the function that called torch.distributed."""
     key = (frame.f_code, id(frame.f_globals))
-    issuer = _ISSUER_OF_SITE.get(key)
-    if issuer is None:
-        issuer = _walk_issuer(frame)
+    site = _ISSUER_OF_SITE.get(key)
+    if site is None:
+        site = _walk_issuer(frame)
         if not frame.f_globals.get("__name__", "").startswith(_PLUMBING):  # shared plumbing: its callers differ
-            _ISSUER_OF_SITE[key] = issuer
-    return issuer
+            _ISSUER_OF_SITE[key] = site
+    return site
 
 
-def _walk_issuer(frame: Any) -> str:
+def _walk_issuer(frame: Any) -> tuple[str, str | None]:
+    """(issuer, origin) from the first frame outside c10d's plumbing and this module: the issuer from its
+    module, the origin `module:qualname` of its function (a script's file name for its `__main__`)."""
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name == "__main__":  # a module run with -m (our bootstrap) keeps its real name in __spec__
             spec = frame.f_globals.get("__spec__")
             name = spec.name if spec is not None else name
         if not name.startswith(_PLUMBING):
-            return issuer_of(name)
+            code = frame.f_code
+            where = os.path.basename(code.co_filename) if name == "__main__" else name
+            return issuer_of(name), f"{where}:{getattr(code, 'co_qualname', code.co_name)}"
         frame = frame.f_back
-    return "user"
+    return "user", None
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -337,10 +343,10 @@ class CollectiveCapture:
             async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
                 args[i_async] if i_async is not None and len(args) > i_async else False))
             if i_size is None:  # sized by the calls it makes
-                issuer = _caller_issuer(frame)
+                issuer, origin = _caller_site(frame)
                 if issuer in not_recorded:  # our own teardown barrier is not the script's
                     return original(*args, **kwargs)
-                record = self._begin(op, group, 0, None, issuer, async_op)
+                record = self._begin(op, group, 0, None, issuer, async_op, origin)
                 local.depth, local.record, local.dtype = 1, record, None
                 try:
                     result = original(*args, **kwargs)
@@ -364,10 +370,10 @@ class CollectiveCapture:
             # Anything else goes through _begin/_end.
             site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
             if site is None or tracker.device_events is not None or local.bucket is not None:
-                issuer = _caller_issuer(frame) if site is None else site[2]
+                issuer, origin = _caller_site(frame) if site is None else (site[2], site[0].get("origin"))
                 if issuer in not_recorded:
                     return original(*args, **kwargs)
-                record = self._begin(op, group, nbytes, dtype, issuer, async_op)
+                record = self._begin(op, group, nbytes, dtype, issuer, async_op, origin)
                 if site is None:
                     self._learn_site(sites, frame, group, dtype, async_op, issuer, record)
                 local.depth, local.record = 1, None
@@ -446,9 +452,11 @@ class CollectiveCapture:
         return self._group(group).fields()
 
     def _kind(self, key: tuple, info: _GroupInfo) -> tuple[SharedFields, list[int]]:
-        op, _, issuer, dtype, async_op, stream, hook = key
+        op, _, issuer, dtype, async_op, stream, hook, origin = key
         fields: dict[str, Any] = {"rank": self.rank, "collective": op, "issuer": issuer, **info.fields(),
                                   "async_op": async_op, "clock": "host" if stream is None else "device"}
+        if origin is not None:
+            fields["origin"] = origin
         if dtype is not None:
             fields["dtype"] = str(dtype).removeprefix("torch.")
         if stream is not None:
@@ -460,13 +468,14 @@ class CollectiveCapture:
         kind = self._kinds[key] = (SharedFields(fields), [0, 0])
         return kind
 
-    def _begin(self, op: str, group: Any, nbytes: int, dtype: Any, issuer: str, async_op: bool) -> dict[str, Any]:
+    def _begin(self, op: str, group: Any, nbytes: int, dtype: Any, issuer: str, async_op: bool,
+               origin: str | None = None) -> dict[str, Any]:
         tracker = self.tracker
         info = self._group(group)
         events = tracker.device_events if info.nccl else None
         stream = None if events is None else "default" if events.current_stream()[1] else "side"
         bucket = self._local.bucket
-        key = (op, info, issuer, dtype, async_op, stream, None if bucket is None else bucket[1])
+        key = (op, info, issuer, dtype, async_op, stream, None if bucket is None else bucket[1], origin)
         kind = self._kinds.get(key) or self._kind(key, info)
         kind[1][0] += 1
         kind[1][1] += nbytes

@@ -12,6 +12,7 @@ __all__ = [
     "advice_headline",
     "advice_input_text",
     "comm_kinds",
+    "fmt_origins",
     "fmt_gb",
     "fmt_bytes",
     "fmt_loss_deviation",
@@ -258,6 +259,11 @@ def migration_cell(row: dict[str, Any], key: str) -> str:
     if unit in ("samples/s", "tokens/s"):
         return f"{v:,.1f} {unit}"
     return f"{v:.4g}"
+
+
+def fmt_origins(kind: dict[str, Any]) -> str:
+    """The functions that called torch.distributed for one `by_kind` row, or "–" (DDP's C++ reducer, old runs)."""
+    return ", ".join(kind.get("origins") or []) or "–"
 
 
 def comm_kinds(communication: dict[str, Any]) -> list[dict[str, Any]]:

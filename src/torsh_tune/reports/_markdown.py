@@ -15,6 +15,7 @@ from ._format import (
     advice_headline,
     advice_input_text,
     comm_kinds,
+    fmt_origins,
     fmt_bytes,
     fmt_gb,
     fmt_pct,
@@ -274,9 +275,10 @@ def _communication(info: ReportInfo) -> list[str]:
     kinds = comm_kinds(c)
     if kinds:
         out += ["", "Per step, by who issued which operation (mean of ranks, median over steps):", "",
-                "| issuer | operation | count | payload | time | transfer |", "|---|---|---:|---:|---:|---:|"]
+                "| issuer | operation | count | payload | time | transfer | called from |",
+                "|---|---|---:|---:|---:|---:|---|"]
         out += [f"| {k.get('issuer')} | {k.get('op')} | {fmt_value('n', k.get('count'))} | {fmt_bytes(k.get('bytes'))} "
-                f"| {fmt_s(k.get('time_s'))} | {fmt_s(k.get('transfer_s'))} |" for k in kinds]
+                f"| {fmt_s(k.get('time_s'))} | {fmt_s(k.get('transfer_s'))} | {_origins_cell(k)} |" for k in kinds]
     return out + [""]
 
 
@@ -354,3 +356,9 @@ def _inline(text: Any) -> str:
 
 def _cell(text: Any) -> str:
     return _inline(text).replace("|", "\\|")
+
+
+def _origins_cell(kind: dict[str, Any]) -> str:
+    """`by_kind`'s origins as code spans ("train.py:<module>" is not HTML), or "–"."""
+    origins = kind.get("origins") or []
+    return ", ".join(f"`{_cell(o)}`" for o in origins) if origins else fmt_origins(kind)

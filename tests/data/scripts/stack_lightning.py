@@ -23,6 +23,9 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--sigterm-every", type=int, default=1,
+               help="broadcast Lightning's SIGTERM flag every N batches instead of every batch (the workaround "
+                    "torsh-tune recommends: Lightning-AI/pytorch-lightning#21487)")
 args = p.parse_args()
 
 # Tiny synthetic data on CPU: Lightning's advice about loader workers is noise here.
@@ -74,6 +77,16 @@ trainer = L.Trainer(
     enable_model_summary=False,
     num_sanity_val_steps=0,
 )
+if args.sigterm_every > 1:
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    orig = _TrainingEpochLoop._broadcast_sigterm_tensor
+
+    def _broadcast_sigterm_every(self):
+        if self.total_batch_idx % args.sigterm_every == 0:  # the same batches on every rank
+            orig(self)
+
+    _TrainingEpochLoop._broadcast_sigterm_tensor = _broadcast_sigterm_every
 model = TinyClassifier(args.width)
 trainer.fit(model, loader)
 if trainer.global_rank == 0:
