@@ -68,6 +68,11 @@ class StepRecord:
     comm_timed: bool = True
 
 
+#: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue
+#: their own (flags, counters, logged values), which the records name by where they are called from.
+FRAMEWORK_ISSUERS = frozenset({"lightning", "accelerate", "transformers", "deepspeed"})
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommRecord:
     """One collective or p2p operation at the c10d layer (whoever issued it), or one DDP step's builtin all-reduce.
@@ -91,7 +96,9 @@ class CommRecord:
     duration_s: float | None = None  # in `clock`: skew + contention + transfer (None: never seen complete)
     issuer: str | None = None  # ddp, fsdp, pipeline, user, accelerate, transformers, lightning, dtensor
     # The function that called torch.distributed, "module:qualname" (a script's file name for its __main__):
-    # the first frame outside c10d's plumbing, the one the issuer is read from. None: DDP's C++ reducer.
+    # the first frame outside c10d's plumbing, the one the issuer is read from. A framework's call adds
+    # " via module:qualname", the first frame above it outside that framework and torch (the Trainer method
+    # that called accelerate's gather, the script line that called fit). None: DDP's C++ reducer.
     origin: str | None = None
     group: str | None = None  # process group: "world" or its name
     group_ranks: list[int] | None = None  # global ranks of the group

@@ -380,17 +380,24 @@ def _sync_finding(kind: str, origins: list[str], pct: float) -> Bottleneck:
 def test_a_frameworks_per_step_collective_is_named_by_where_it_is_called_and_sized():
     meta = {0: {"ddp": {"bucket_cap_mb": 25.0, "param_bytes": 300 * 1024, "broadcast_buffers": True,
                         "buffer_bytes": 0, "built_by": "lightning"}}}
-    recs = recommend([_sync_finding("lightning broadcast", [SIGTERM], 10.0)], meta=meta, world_size=2)
+    recs = recommend([_sync_finding("lightning broadcast", [f"{SIGTERM} via train.py:<module>"], 10.0)], meta=meta,
+                     world_size=2)
     (rec,) = [r for r in recs if "SIGTERM" in r.title]
     # At least its transfer, at most all of it (synchronous, before the batch).
     assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (2.5, 10.0)
-    assert f"10.0 % of the step is lightning broadcast (called from {SIGTERM})" in rec.rationale
+    assert f"10.0 % of the step is lightning broadcast (called from {SIGTERM} via train.py:<module>)" in rec.rationale
     assert "#21487" in rec.rationale and "total_batch_idx % 50 == 0" in rec.rationale and not rec.config_patch
     # Anything else a framework issues at most steps: named by where it is called, generic advice.
     other = "lightning.pytorch.callbacks.something:Flag.check"
     (rec,) = [r for r in recommend([_sync_finding("lightning all_reduce", [other], 5.0)], meta=meta, world_size=2)
               if "per-step all_reduce" in r.title]
     assert rec.title == "Issue lightning's per-step all_reduce less often" and f"called from {other}" in rec.rationale
+    # Known by the framework's caller: the Trainer's gather of each batch's token count through accelerate.
+    hf = ("accelerate.utils.operations:_gpu_gather.<locals>._gpu_gather_one"
+          " via transformers.trainer:Trainer._get_num_items_in_batch")
+    (rec,) = [r for r in recommend([_sync_finding("accelerate all_gather", [hf], 3.0)], meta=meta, world_size=2)
+              if "tokens" in r.title]
+    assert "average_tokens_across_devices=False" in rec.title and "#34242" in rec.rationale
     # Under 1 % of the step: nothing.
     assert not [r for r in recommend([_sync_finding("lightning broadcast", [SIGTERM], 0.5)], meta=meta, world_size=2)
                 if "SIGTERM" in r.title]

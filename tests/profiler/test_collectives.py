@@ -14,6 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torsh_tune.profiler.collectives import issuer_of
+from torsh_tune.records import FRAMEWORK_ISSUERS
 
 from helpers import host_call_record
 
@@ -161,8 +162,11 @@ def test_the_issuer_is_the_calling_module(capture, module, issuer):
     assert issuer_of(module) == issuer
     function = "call_" + module.replace(".", "_")
     _call_from(module, function)
-    # The origin: the function that called torch.distributed, in its module.
-    assert [(r["issuer"], r["origin"]) for r in _records(tracker)] == [(issuer, f"{module}:{function}")]
+    # The origin: the function that called torch.distributed, in its module; a framework's, with who called it.
+    origin = f"{module}:{function}"
+    if issuer in FRAMEWORK_ISSUERS:
+        origin += f" via {__name__}:_call_from"
+    assert [(r["issuer"], r["origin"]) for r in _records(tracker)] == [(issuer, origin)]
 
 
 def _call_from(module: str, function: str) -> None:
@@ -277,3 +281,21 @@ def test_ddps_broadcast_of_its_buffers_before_each_forward_is_a_record_of_ddp(ca
     before = len(tracker.comm_done)
     plain(torch.randn(4, 8)).sum().backward()
     assert not [r for r in _records(tracker)[before:] if r["collective"] == "broadcast"]
+
+
+def test_a_frameworks_call_names_who_called_the_framework_at_every_call(capture):
+    _, tracker = capture
+    _fake()
+    # accelerate's gather, called by the Trainer and by the script: one function of accelerate serves both.
+    helper = {"__name__": "accelerate.utils.operations", "dist": dist, "torch": torch}
+    exec(compile("def gather():\n    dist.all_reduce(torch.ones(2))\n", "<accelerate>", "exec"), helper)  # noqa: S102
+    trainer = {"__name__": "transformers.trainer", "gather": helper["gather"]}
+    exec(compile("def get_batch_samples():\n    gather()\n", "<trainer>", "exec"), trainer)  # noqa: S102
+    for _ in range(2):
+        trainer["get_batch_samples"]()
+        helper["gather"]()  # from this test: the first frame outside accelerate and torch is the test's
+    origins = [r["origin"] for r in _records(tracker)]
+    here = f"{__name__}:test_a_frameworks_call_names_who_called_the_framework_at_every_call"
+    assert origins == [f"accelerate.utils.operations:gather via {x}"
+                       for x in ("transformers.trainer:get_batch_samples", here)] * 2
+    assert {r["issuer"] for r in _records(tracker)} == {"accelerate"}

@@ -192,10 +192,18 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
         # BERT model's position and token type ids (the other two models have no buffers).
         broadcasts = _per_step_bytes(comm, collective="broadcast", issuer="ddp")
         assert broadcasts == ({s: buffer_bytes for s in range(STEPS + WARMUP)} if buffer_bytes else {}), broadcasts
+        if script == "stack_hf_trainer.py":
+            # The Trainer's own collective before every step: accelerate's gather of the batch's token count,
+            # named by accelerate's function and by the Trainer method that called it.
+            gathers = [c for c in comm if c.get("issuer") == "accelerate" and c["collective"] == "all_gather"]
+            callers = {c["origin"].split(" via ")[-1] for c in gathers}
+            assert callers == {"transformers.trainer:Trainer._get_num_items_in_batch"}, callers
+            assert {c["step"] for c in gathers} == set(range(STEPS + WARMUP))
         if script == "stack_lightning.py":
             # Lightning's own collective before every batch, named by the function that calls it: its SIGTERM flag.
             flags = [c for c in comm if c.get("issuer") == "lightning" and c["collective"] == "broadcast"]
-            assert {(c["origin"], c["bytes"]) for c in flags} == {(LIGHTNING_SIGTERM, 8)}
+            assert {(c["origin"], c["bytes"]) for c in flags} == {
+                (f"{LIGHTNING_SIGTERM} via stack_lightning.py:<module>", 8)}
             assert {c["step"] for c in flags} == set(range(STEPS + WARMUP))
     assert (buffer_bytes > 0) == (script == "stack_hf_trainer.py"), buffer_bytes
     # Whose settings reach DDP's arguments (the recommendations say where to change them).
@@ -216,7 +224,7 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
     if script == "stack_lightning.py":
         kinds = {(k["issuer"], k["op"]): k for k in a.comm.by_kind}
         assert kinds[("lightning", "broadcast")]["count"] == 1 and kinds[("ddp", "all_reduce")]["count"] == 1
-        assert kinds[("lightning", "broadcast")]["origins"] == [LIGHTNING_SIGTERM]
+        assert kinds[("lightning", "broadcast")]["origins"] == [f"{LIGHTNING_SIGTERM} via stack_lightning.py:<module>"]
         if any(b.category == "communication" for b in a.bottlenecks):  # the finding its advice belongs to
             assert any(r.title == "Make Lightning's per-batch SIGTERM broadcast rarer" for r in a.recommendations)
     # DDP's builtin all-reduce, one bucket in these models: its reducer window agrees with the trace. Before

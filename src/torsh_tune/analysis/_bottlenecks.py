@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 from ..config import ThresholdsConfig
 from ._workers import host_idle_cores_per_rank, size_workers
-from ._types import (FRAMEWORK_ISSUERS, SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats,
-                     SystemStats, kinds_beyond_ddp)
+from ..records import FRAMEWORK_ISSUERS
+from ._types import (SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats,
+                     kinds_beyond_ddp)
 
 __all__ = ["diagnose"]
 

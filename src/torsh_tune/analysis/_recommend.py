@@ -233,8 +233,9 @@ def _gradient_evidence(ev: dict[str, Any], e: float) -> tuple[dict[str, Any], fl
     return out, e
 
 
-#: What a framework's per-step collective is and what to do about it, by the function that issues it
-#: (`CommRecord.origin`). Anything else a framework issues at most steps gets the generic advice.
+#: What a framework's per-step collective is and what to do about it, by a function of its origin
+#: (`CommRecord.origin`: the function that called torch.distributed, and the one that called the framework).
+#: Anything else a framework issues at most steps gets the generic advice.
 _FRAMEWORK_SYNCS: dict[str, tuple[str, str, str]] = {
     "lightning.pytorch.loops.training_epoch_loop:_TrainingEpochLoop._broadcast_sigterm_tensor": (
         "Make Lightning's per-batch SIGTERM broadcast rarer",
@@ -246,6 +247,15 @@ _FRAMEWORK_SYNCS: dict[str, tuple[str, str, str]] = {
         "replace it with one that calls `orig(self)` only when `self.total_batch_idx % 50 == 0` (every rank "
         "counts the same batches, so all of them still broadcast together); a SIGTERM is then acted on up to "
         "50 batches later. It is a private method: check it after upgrading Lightning",
+    ),
+    "transformers.trainer:Trainer._get_num_items_in_batch": (
+        "Let each rank count its own tokens (average_tokens_across_devices=False), where the loss allows",
+        "the Trainer all-gathers each batch's number of label tokens across ranks before every step "
+        "(TrainingArguments.average_tokens_across_devices, on by default) to normalise the loss by the global count",
+        "`TrainingArguments(average_tokens_across_devices=False)` removes it; each rank then normalises its loss "
+        "by its own tokens, which changes the gradient's scale only where ranks see different numbers of label "
+        "tokens (huggingface/transformers#34242): keep it for variable-length language-model batches, turn it off "
+        "for fixed-size ones",
     ),
     "lightning.fabric.utilities.distributed:_sync_ddp": (
         "Synchronise Lightning's logged values once per epoch, not at every step",
@@ -268,7 +278,7 @@ def _framework_syncs(ev: dict[str, Any], e: float) -> list[Recommendation]:
         count = float((ev.get("framework_sync_count_by_kind") or {}).get(kind) or 0.0)
         nbytes = float((ev.get("framework_sync_bytes_by_kind") or {}).get(kind) or 0.0)
         called = list(origins.get(kind) or [])
-        known = next((_FRAMEWORK_SYNCS[o] for o in called if o in _FRAMEWORK_SYNCS), None)
+        known = next((_FRAMEWORK_SYNCS[f] for o in called for f in o.split(" via ") if f in _FRAMEWORK_SYNCS), None)
         issuer, op = kind.split(" ", 1)
         where = f"called from {', '.join(called)}" if called else "where it is called from was not recorded"
         if known is not None:

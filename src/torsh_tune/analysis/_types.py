@@ -143,10 +143,6 @@ class CommStats:
     by_kind: tuple[dict[str, Any], ...] = ()
 
 
-#: Issuers that are training frameworks (their collectives besides the gradients' are theirs to explain).
-FRAMEWORK_ISSUERS = frozenset({"lightning", "accelerate", "transformers", "deepspeed"})
-
-
 def kinds_beyond_ddp(by_kind: Any) -> list[dict[str, Any]]:
     """`CommStats.by_kind` rows worth showing apart: none when DDP's all-reduce (or an all-reduce
     of records made before the issuer was kept) is all there is, else every row."""

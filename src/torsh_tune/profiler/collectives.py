@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ..records import FRAMEWORK_ISSUERS
 from ._clock import now, offset as _clock_offset
 from ._compiling import flags, traced
 from .steps import StepTracker
@@ -139,33 +140,66 @@ def issuer_of(module_name: str) -> str:
 # (the calling function's code object, its module's globals) -> (issuer, origin): one walk per call site.
 # Code objects compare by value (not by file): the same function in two modules must not share an entry.
 _ISSUER_OF_SITE: dict[tuple[Any, int], tuple[str, str | None]] = {}
+# Frames that never say why a framework called torch.distributed: torch's own, ours, the interpreter's.
+_NOT_A_REASON = ("torch.", "torsh_tune.", "runpy", "importlib", "threading", "contextlib", "functools")
 
 
 def _caller_site(frame: Any) -> tuple[str, str | None]:
-    """(issuer, origin) of a call from `frame`: who issued it, and the function that called torch.distributed."""
+    """(issuer, origin) of a call from `frame`: who issued it, and the function that called torch.distributed.
+
+    A framework's call (`records.FRAMEWORK_ISSUERS`) adds " via " and the first frame above it outside that
+    framework and torch: accelerate's gather for the Trainer's token count, Lightning's flag under the
+    script's `fit`. That frame differs from call to call of one site (a framework's gather serves every
+    caller), so it is found at each call, and framework calls never take the fast path (`_learn_site`).
+    """
     key = (frame.f_code, id(frame.f_globals))
     site = _ISSUER_OF_SITE.get(key)
     if site is None:
         site = _walk_issuer(frame)
         if not frame.f_globals.get("__name__", "").startswith(_PLUMBING):  # shared plumbing: its callers differ
             _ISSUER_OF_SITE[key] = site
+    issuer, origin = site
+    if issuer in FRAMEWORK_ISSUERS and origin is not None:
+        via = _via(frame, issuer)
+        if via is not None:
+            return issuer, f"{origin} via {via}"
     return site
+
+
+def _module_name(frame: Any) -> str:
+    name = frame.f_globals.get("__name__", "")
+    if name == "__main__":  # a module run with -m (our bootstrap) keeps its real name in __spec__
+        spec = frame.f_globals.get("__spec__")
+        name = spec.name if spec is not None else name
+    return name
+
+
+def _where(frame: Any, name: str) -> str:
+    """`module:qualname` of a frame's function (a script's file name for its `__main__`)."""
+    code = frame.f_code
+    module = os.path.basename(code.co_filename) if name == "__main__" else name
+    return f"{module}:{getattr(code, 'co_qualname', code.co_name)}"
 
 
 def _walk_issuer(frame: Any) -> tuple[str, str | None]:
     """(issuer, origin) from the first frame outside c10d's plumbing and this module: the issuer from its
-    module, the origin `module:qualname` of its function (a script's file name for its `__main__`)."""
+    module, the origin `module:qualname` of its function."""
     while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if name == "__main__":  # a module run with -m (our bootstrap) keeps its real name in __spec__
-            spec = frame.f_globals.get("__spec__")
-            name = spec.name if spec is not None else name
+        name = _module_name(frame)
         if not name.startswith(_PLUMBING):
-            code = frame.f_code
-            where = os.path.basename(code.co_filename) if name == "__main__" else name
-            return issuer_of(name), f"{where}:{getattr(code, 'co_qualname', code.co_name)}"
+            return issuer_of(name), _where(frame, name)
         frame = frame.f_back
     return "user", None
+
+
+def _via(frame: Any, issuer: str, depth: int = 64) -> str | None:
+    """The first frame above `frame` that is neither `issuer`'s, c10d's plumbing, torch's nor ours."""
+    while frame is not None and depth:
+        name = _module_name(frame)
+        if not name.startswith(_PLUMBING) and not name.startswith(_NOT_A_REASON) and issuer_of(name) != issuer:
+            return _where(frame, name)
+        frame, depth = frame.f_back, depth - 1
+    return None
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:
@@ -413,8 +447,10 @@ class CollectiveCapture:
 
     def _learn_site(self, sites: dict[tuple, Any], frame: Any, group: Any, dtype: Any, async_op: bool, issuer: str,
                     record: dict[str, Any]) -> None:
-        """Remember a call site's shared fields for the fast path (not for shared plumbing: its callers differ)."""
-        if "_start" in record or "bucket" in record or frame.f_globals.get("__name__", "").startswith(_PLUMBING):
+        """Remember a call site's shared fields for the fast path (not for shared plumbing, nor for a framework's
+        calls: their callers differ)."""
+        if ("_start" in record or "bucket" in record or issuer in FRAMEWORK_ISSUERS
+                or frame.f_globals.get("__name__", "").startswith(_PLUMBING)):
             return
         shared = record["_s"]
         key = next(k for k, v in self._kinds.items() if v[0] is shared)
