@@ -240,3 +240,19 @@ def test_the_reference_bench_model_sets_the_reference_at_the_run_s_message_size(
     assert net.evidence["reference_basis"] == f"the bench model at {size / 2**20:.3g} MiB per collective"
     assert net.evidence["reference_busbw_gbps"] == pytest.approx(size / (0.02 + size / (ref * 1e9)) / 1e9)
     assert net.evidence["busbw_gbps"] < net.evidence["reference_busbw_gbps"] < ref
+
+
+def test_a_frameworks_small_per_step_collectives_are_its_syncs_and_its_gradient_traffic_is_not():
+    import dataclasses
+
+    flag = {"issuer": "lightning", "op": "broadcast", "count": 1.0, "bytes": 8.0, "time_s": 0.05,
+            "transfer_s": 0.01, "origins": ["lightning.pytorch.loops.training_epoch_loop:L._broadcast_sigterm_tensor"]}
+    grads = {"issuer": "deepspeed", "op": "all_reduce", "count": 4.0, "bytes": 4e6, "time_s": 0.3, "transfer_s": 0.2,
+             "origins": ["deepspeed.comm.torch:TorchBackend.all_reduce"]}
+    rare = {**flag, "op": "barrier", "count": 0.0, "bytes": 0.0, "time_s": 0.0, "transfer_s": 0.0}
+    comm = dataclasses.replace(_comm(), by_kind=(grads, flag, rare))
+    (b,) = [b for b in diagnose(breakdown=_bd(exposed_comm=35, backward_compute=65), comm=comm, world_size=2)
+            if b.category == "communication"]
+    assert b.evidence["framework_sync_pct_by_kind"] == {"lightning broadcast": 5.0}
+    assert b.evidence["framework_sync_bytes_by_kind"] == {"lightning broadcast": 8.0}
+    assert b.evidence["comm_origins_by_kind"]["deepspeed all_reduce"] == grads["origins"]

@@ -26,6 +26,8 @@ __all__ = ["diagnose"]
 _LAST_SHARE_MIN_PCT = 50.0
 # Communication is transfer-dominated when at least this share of it is transfer.
 _TRANSFER_SHARE_MIN_PCT = 50.0
+# A framework's collective of at most this payload per call is a flag, a counter or a logged value.
+_FRAMEWORK_SYNC_MAX_BYTES = 4096
 #: Without a bench model, collectives smaller than this on average are taken as latency-bound:
 #: on Ethernet-class fabrics (alpha 50-500 us) their busbw is far below the link's even when the
 #: link is healthy (PowerSGD's or Top-K's ~0.1 MiB messages), so no `network` finding.
@@ -214,8 +216,10 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         if origins:  # the functions that called torch.distributed, most time first
             evidence["comm_origins_by_kind"] = origins
     # Collectives a training framework issues in most steps besides the gradients' (Lightning's SIGTERM
-    # flag, a logged value synchronised at every step): synchronous, small, latency-bound.
-    syncs = [k for k in comm.by_kind if k["issuer"] in FRAMEWORK_ISSUERS and k["count"] > 0 and k["time_s"] > 0]
+    # flag, a logged value synchronised at every step): synchronous, small, latency-bound. Small: a framework
+    # that averages the gradients itself (DeepSpeed's engine) issues those too, and they are not flags.
+    syncs = [k for k in comm.by_kind if k["issuer"] in FRAMEWORK_ISSUERS and k["count"] > 0 and k["time_s"] > 0
+             and k["bytes"] / k["count"] <= _FRAMEWORK_SYNC_MAX_BYTES]
     if syncs and step_s:
         for field, key in (("s", "time_s"), ("transfer_s", "transfer_s"), ("bytes", "bytes"), ("count", "count")):
             evidence[f"framework_sync_{field}_by_kind"] = {f"{k['issuer']} {k['op']}": k[key] for k in syncs}
