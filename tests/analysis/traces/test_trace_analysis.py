@@ -134,6 +134,18 @@ def test_steps_and_counterfactuals(loaded):
     json.dumps(s)  # plain JSON types
 
 
+def test_each_steps_exposed_comm_adds_up_to_the_windows():
+    # torch.compile(DDP) on 2 cores: rank 0's training thread waits for collectives inside AccumulateGrad
+    # evaluations (8 ms of the window): the per-step table and the window's overlap must both count those
+    # waits as exposed communication, not as the enclosing operator's compute (they differed by 8 ms).
+    a = analyze_traces(load_traces(DATA / "gloo-compiled-ddp-2rank"))
+    per_step = a.steps.groupby("rank")["exposed_comm_s"].sum()
+    overlap = {int(r["rank"]): r for r in a.tables["overlap"].rows()}
+    for rank, row in overlap.items():
+        assert per_step[rank] == pytest.approx(row["exposed_comm_s"], rel=1e-9)
+    assert overlap[0]["exposed_comm_s"] > 0.03
+
+
 def test_top_kernels_sorted_and_named(loaded):
     a = analyze_traces(loaded["hta-sampled-2rank"], top_limit=5)
     tk = a.top_kernels

@@ -7,7 +7,7 @@ import numpy as np
 from . import _intervals as iv
 from ._model import TraceSet
 from ._table import Table
-from ._timeline import COMMUNICATION, COMPUTATION, Timeline, step_spans
+from ._timeline import COMMUNICATION, Timeline, step_spans
 
 __all__ = ["step_table", "counterfactuals"]
 
@@ -22,7 +22,9 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
     for rank, rt in traces.ranks.items():
         tl = timelines[rank]
         comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
-        comp = (tl.start_us[tl.kind == COMPUTATION], tl.end_us[tl.kind == COMPUTATION])
+        # The compute `comm_overlap` counts (on CPU, not the main thread's waits for collectives inside an
+        # enclosing operator): each step's exposed comm then sums to the window's.
+        comp = tl.compute_intervals()
         spans = step_spans(rt.table, traces.symbols)
         for step, start, end in zip(*(spans[c].tolist() for c in ("step", "start_us", "end_us"))):
             c = iv.clip(*comm, start, end)
