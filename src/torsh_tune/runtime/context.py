@@ -347,7 +347,13 @@ class RankRuntime:
                 self.tracker.ddp_offset = int(data["iteration"]) - step
             t_issue, t_complete = start / 1e9, end / 1e9
             compute_end = data.get("backward_compute_time_end")
-            if compute_end:
+            if not self.on_cuda and data.get("num_buckets_reduced") == 1:
+                # One bucket: launched once every gradient is ready, nothing computes under it. DDP records
+                # its compute end in a callback after the launch returned, so a launch that stalls on the host
+                # (5 ms inside c10d::allreduce_ with 2 ranks on 2 cores, in a Lightning trace) would read as
+                # compute hiding the all-reduce: all of it is exposed.
+                exposed = max(exposed, t_complete - t_issue)
+            elif compute_end:
                 exposed = max(exposed, t_complete - compute_end / 1e9)
             shared = model.__dict__.get("_torsh_comm_fields")
             if shared is None:

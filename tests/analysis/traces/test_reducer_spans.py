@@ -53,9 +53,35 @@ def _worker_spans(tmp_path, *, copies: bool) -> list[tuple[float, float]]:
 
 
 def test_a_bucket_span_still_open_after_the_reducers_copies_ends_with_them(tmp_path):
-    assert _worker_spans(tmp_path, copies=True) == [(330, 3000), (1660, 2560), (4060, 4900)]
+    # The step's first bucket is the first the reducer waits for: its span ends by its first copy (2500), not
+    # only by the last copy's end (2560).
+    assert _worker_spans(tmp_path, copies=True) == [(330, 3000), (1660, 2500), (4060, 4900)]
 
 
 def test_without_the_reducers_copies_every_span_is_kept(tmp_path):
     # gradient_as_bucket_view (no copies), or no DDP: nothing tells when the result was used.
     assert _worker_spans(tmp_path, copies=False) == [(330, 3000), (1660, 8000), (4060, 4900)]
+
+
+def test_the_wait_for_a_single_bucket_ends_where_the_reducer_resumes(tmp_path):
+    """One bucket (Lightning's tiny model, 2 ranks on 2 cores): the training thread issues it at the end of the
+    backward and waits in the reducer's finalize until 4000; the finalize's own ops (4000-4020) come before its
+    first copy (4030), and the worker span closes late (9000). The gap 1650-4000 is the step's wait for its
+    all-reduce: before, the bounded span (to the copies) ended after the gap and no wait was found."""
+    from torsh_tune.analysis.traces._timeline import MAIN_THREAD_WAIT
+
+    ev = [_x("ProfilerStep#3", 0, 10_000, cat="user_annotation"),
+          _x("Optimizer.step#AdamW.step", 50, 9_900, cat="user_annotation"),  # Lightning: the step holds the rest
+          _x("autograd::engine::evaluate_function: AddmmBackward0", 1000, 500), _x("aten::mm", 1010, 480),
+          _x("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", 1500, 160),
+          _x("c10d::allreduce_", 1600, 50), _gloo(1660, 9000 - 1660),
+          _x("aten::as_strided", 4000, 20), _x(COPY, 4030, 20), _x("aten::copy_", 4031, 18),
+          _x(COPY, 4060, 300), _x("aten::copy_", 4061, 298), _x("aten::add_", 4500, 900)]
+    meta = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}}
+    (tmp_path / "rank-0.json").write_text(json.dumps({**meta, "traceEvents": ev}))
+    traces = load_traces(tmp_path)
+    tl = rank_timeline(traces.ranks[0], traces.symbols, CommPatterns())
+    gloo = tl.name_id == traces.symbols.id_of("gloo:all_reduce")
+    assert list(zip(tl.start_us[gloo], tl.end_us[gloo])) == [(1660, 4030)]  # its first copy, not the last's end
+    wait = tl.name_id == traces.symbols.id_of(MAIN_THREAD_WAIT)
+    assert list(zip(tl.start_us[wait], tl.end_us[wait])) == [(1650, 4000)]

@@ -27,6 +27,9 @@ MAIN_THREAD_WAIT = "collective wait (main thread)"
 #: idle host and up to 9 ms seen with 2 ranks beside a test suite on 2 cores (the thread is runnable,
 #: not run); longer stretches are taken for Python the thread ran after an asynchronous call.
 SYNC_WAKE_US = 20_000.0
+#: ... and a worker span may end up to this long after the gap: DDP's spans are bounded by the reducer's
+#: copies of their results (`gloo_span_ends`), which start tens of µs after its wait for them returned.
+SPAN_BOUND_SLACK_US = 200.0
 KIND_NAMES = ("computation", "communication", "memory")
 #: The profiler's annotation around a DataLoader's `__next__` (the batch's fetch and collate).
 LOADER_ANNOTATION = r"^enumerate\(DataLoader\)"
@@ -242,7 +245,8 @@ def _synchronous_waits(s: np.ndarray, e: np.ndarray, is_comm_issue: np.ndarray, 
     ge = np.minimum(ge, bs[1:])
     after_issue = np.isin(gs, e[is_comm_issue])
     ends = np.sort(worker_end)
-    last = np.searchsorted(ends, ge, side="right") - 1  # the last worker end at or before the gap's end
+    # the last worker end at or before the gap's end (or just after it: a span bounded by the copy that follows)
+    last = np.searchsorted(ends, ge + SPAN_BOUND_SLACK_US, side="right") - 1
     last_end = ends[np.maximum(last, 0)]
     waited = (after_issue & (last >= 0) & (last_end > gs) & (ge - last_end <= SYNC_WAKE_US)
               & ~np.isin(ge, step_marks))
@@ -264,7 +268,8 @@ def gloo_span_ends(trace: RankTrace, symbols: SymbolTable, patterns: CommPattern
     its wait. A collective cannot end after its result was used. So a span issued during a step's
     backward, before the reducer's first `copy_bucket_to_grad` of that step, ends at the latest when
     the step's last copy ends: by then the reducer has waited for every bucket (its finalize waits
-    for a bucket, then copies it). Without such copies (`gradient_as_bucket_view`, no DDP) the
+    for a bucket, then copies it); the step's first-issued span (bucket 0, the first the reducer waits for)
+    ends at the latest when its first copy starts. Without such copies (`gradient_as_bucket_view`, no DDP) the
     spans are kept as they are.
     """
     ev = trace.table
@@ -296,6 +301,13 @@ def gloo_span_ends(trace: RankTrace, symbols: SymbolTable, patterns: CommPattern
     k = np.maximum(k_span, 0)
     bounded = (k_span >= 0) & (ws < en[k]) & (ws >= first_bwd[k]) & (ws < first_copy[k])  # NaN compares False
     out[bounded] = np.minimum(out[bounded], last_copy_end[k[bounded]])
+    # The first bucket launched is the first the reducer waits for, before its first copy: its span ends by
+    # then (a single-bucket model's all-reduce, which the training thread waits for from its last launch on).
+    rows_b = np.flatnonzero(bounded)
+    if rows_b.size:
+        first = rows_b[np.lexsort((ws[rows_b], k[rows_b]))]
+        first = first[np.r_[True, k[first][1:] != k[first][:-1]]]  # the earliest-issued span of each step
+        out[first] = np.minimum(out[first], first_copy[k[first]])
     return out
 
 
