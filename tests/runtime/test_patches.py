@@ -366,3 +366,17 @@ def test_who_builds_a_ddp_model_is_the_outermost_framework_on_the_stack(modules,
         exec("def f():\n    return inner() if inner is not None else _built_by(sys._getframe())", scope)  # noqa: S102
         fn = scope["f"]
     assert fn() == expected
+
+
+def test_a_one_bucket_steps_all_reduce_is_all_exposed_on_the_host_clock():
+    from torsh_tune.runtime.context import _ddp_exposed
+
+    # DDP's timers (ns): the launch at 1.000 s stalled until 1.005 s, the compute end recorded after it (1.0051 s),
+    # the all-reduce done at 1.006 s.
+    data = {"backward_comm_time_start": 1_000_000_000, "backward_comm_time_end": 1_006_000_000,
+            "backward_compute_time_end": 1_005_100_000}
+    one = {**data, "num_buckets_reduced": 1}
+    assert _ddp_exposed(one, 1.0, 1.006, on_cuda=False) == pytest.approx(0.006)  # nothing computes under one bucket
+    assert _ddp_exposed({**data, "num_buckets_reduced": 3}, 1.0, 1.006, on_cuda=False) == pytest.approx(0.0009)
+    assert _ddp_exposed(one, 1.0, 1.006, on_cuda=True) == pytest.approx(0.0009)  # CUDA events: no host launch in them
+    assert _ddp_exposed({"num_buckets_reduced": 2}, 1.0, 1.006, on_cuda=False) == 0.0  # no compute end: unknown

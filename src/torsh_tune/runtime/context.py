@@ -346,15 +346,7 @@ class RankRuntime:
             if model is builtin[0][0] and data.get("iteration"):
                 self.tracker.ddp_offset = int(data["iteration"]) - step
             t_issue, t_complete = start / 1e9, end / 1e9
-            compute_end = data.get("backward_compute_time_end")
-            if not self.on_cuda and data.get("num_buckets_reduced") == 1:
-                # One bucket: launched once every gradient is ready, nothing computes under it. DDP records
-                # its compute end in a callback after the launch returned, so a launch that stalls on the host
-                # (5 ms inside c10d::allreduce_ with 2 ranks on 2 cores, in a Lightning trace) would read as
-                # compute hiding the all-reduce: all of it is exposed.
-                exposed = max(exposed, t_complete - t_issue)
-            elif compute_end:
-                exposed = max(exposed, t_complete - compute_end / 1e9)
+            exposed = max(exposed, _ddp_exposed(data, t_issue, t_complete, on_cuda=self.on_cuda))
             shared = model.__dict__.get("_torsh_comm_fields")
             if shared is None:
                 group = self.collectives.group_of(model.process_group) if self.collectives is not None else {}
@@ -455,6 +447,21 @@ def _broadcast_buffers(model: Any) -> dict[str, Any]:
     return {"buffer_bytes": sum(s[1] for s in sizes),
             "running_stats_bytes": sum(s[1] for s in sizes if s[2]),
             "largest_buffers": [{"name": n, "bytes": b, "running_stats": r} for n, b, r in largest]}
+
+
+def _ddp_exposed(data: dict[str, int], t_issue: float, t_complete: float, *, on_cuda: bool) -> float:
+    """The exposed part (s) of a step's builtin all-reduce, from DDP's timers: from its compute end to the end.
+
+    With one bucket on the host clock, all of it: the bucket is launched once every gradient is ready, so
+    nothing computes under it, and DDP records its compute end in a callback after the launch returned: a
+    launch that stalls on the host (5 ms inside `c10d::allreduce_` with 2 ranks on 2 cores, in a Lightning
+    trace) would read as compute hiding the all-reduce. (On CUDA the timers are events on the streams: the
+    launch's host time is not in them.)
+    """
+    if not on_cuda and data.get("num_buckets_reduced") == 1:
+        return t_complete - t_issue
+    compute_end = data.get("backward_compute_time_end")
+    return t_complete - compute_end / 1e9 if compute_end else 0.0
 
 
 def _ddp_timers(model: Any) -> dict[str, int]:
