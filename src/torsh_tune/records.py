@@ -71,6 +71,9 @@ class StepRecord:
 #: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue
 #: their own (flags, counters, logged values), which the records name by where they are called from.
 FRAMEWORK_ISSUERS = frozenset({"lightning", "accelerate", "transformers", "deepspeed"})
+#: A framework's collective of at most this payload per call is a flag, a counter or a logged value, not
+#: the gradients a framework like DeepSpeed averages itself.
+FRAMEWORK_SYNC_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

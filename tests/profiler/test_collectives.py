@@ -5,6 +5,7 @@ have a wait of their own)."""
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import time
 
 import pytest
@@ -194,7 +195,7 @@ def test_torsh_tunes_own_calls_are_not_the_scripts(capture):
         exec(compile("dist.barrier()\n", "<bootstrap>", "exec"), {**scope, "dist": dist})  # noqa: S102
     assert list(tracker.comm_done) == []
     script = "steps = 1\ndist.barrier()\n"  # not the same code as the bootstrap's (issuers are cached per code)
-    exec(compile(script, "/work/train.py", "exec"), {"__name__": "__main__", "__spec__": None, "dist": dist})  # noqa: S102
+    exec(compile(script, os.path.join("scripts", "train.py"), "exec"), {"__name__": "__main__", "__spec__": None, "dist": dist})  # noqa: S102
     # A script's own module is named by its file.
     assert [(r["issuer"], r["origin"]) for r in _records(tracker)] == [("user", "train.py:<module>")]
 
@@ -299,3 +300,19 @@ def test_a_frameworks_call_names_who_called_the_framework_at_every_call(capture)
     assert origins == [f"accelerate.utils.operations:gather via {x}"
                        for x in ("transformers.trainer:get_batch_samples", here)] * 2
     assert {r["issuer"] for r in _records(tracker)} == {"accelerate"}
+
+
+def test_a_frameworks_large_calls_keep_the_fast_path(capture):
+    # The gradients a framework averages itself (DeepSpeed's engine: tens of calls per step) are not walked at
+    # every call: past its first call a site's large calls leave the capture's tuple of numbers.
+    _, tracker = capture
+    _fake()
+    helper = {"__name__": "deepspeed.comm.comm", "dist": dist, "torch": torch}
+    exec(compile("def all_reduce(t):\n    dist.all_reduce(t)\n", "<deepspeed>", "exec"), helper)  # noqa: S102
+    grads, flag = torch.ones(4096), torch.ones(2)  # 16 KiB; 8 bytes
+    for t in (grads, grads, grads, flag, flag):
+        helper["all_reduce"](t)
+    kept = [type(c) is tuple for c in tracker.comm_done]
+    assert kept == [False, True, True, False, False]  # the flag's calls: the general path, each walked
+    here = f"{__name__}:test_a_frameworks_large_calls_keep_the_fast_path"
+    assert {r["origin"] for r in _records(tracker)} == {f"deepspeed.comm.comm:all_reduce via {here}"}

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..config import ThresholdsConfig
 from ._workers import host_idle_cores_per_rank, size_workers
-from ..records import FRAMEWORK_ISSUERS
+from ..records import FRAMEWORK_ISSUERS, FRAMEWORK_SYNC_MAX_BYTES
 from ._types import (SEVERITIES, Bottleneck, Breakdown, CommStats, MemoryStats, StragglerStats, SystemStats,
                      kinds_beyond_ddp)
 
@@ -26,8 +26,6 @@ __all__ = ["diagnose"]
 _LAST_SHARE_MIN_PCT = 50.0
 # Communication is transfer-dominated when at least this share of it is transfer.
 _TRANSFER_SHARE_MIN_PCT = 50.0
-# A framework's collective of at most this payload per call is a flag, a counter or a logged value.
-_FRAMEWORK_SYNC_MAX_BYTES = 4096
 #: Without a bench model, collectives smaller than this on average are taken as latency-bound:
 #: on Ethernet-class fabrics (alpha 50-500 us) their busbw is far below the link's even when the
 #: link is healthy (PowerSGD's or Top-K's ~0.1 MiB messages), so no `network` finding.
@@ -219,7 +217,7 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
     # flag, a logged value synchronised at every step): synchronous, small, latency-bound. Small: a framework
     # that averages the gradients itself (DeepSpeed's engine) issues those too, and they are not flags.
     syncs = [k for k in comm.by_kind if k["issuer"] in FRAMEWORK_ISSUERS and k["count"] > 0 and k["time_s"] > 0
-             and k["bytes"] / k["count"] <= _FRAMEWORK_SYNC_MAX_BYTES]
+             and k["bytes"] / k["count"] <= FRAMEWORK_SYNC_MAX_BYTES]
     if syncs and step_s:
         for field, key in (("s", "time_s"), ("transfer_s", "transfer_s"), ("bytes", "bytes"), ("count", "count")):
             evidence[f"framework_sync_{field}_by_kind"] = {f"{k['issuer']} {k['op']}": k[key] for k in syncs}

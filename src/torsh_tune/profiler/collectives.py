@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..records import FRAMEWORK_ISSUERS
+from ..records import FRAMEWORK_ISSUERS, FRAMEWORK_SYNC_MAX_BYTES
 from ._clock import now, offset as _clock_offset
 from ._compiling import flags, traced
 from .steps import StepTracker
@@ -151,7 +151,7 @@ def _caller_site(frame: Any) -> tuple[str, str | None]:
     A framework's call (`records.FRAMEWORK_ISSUERS`) adds " via " and the first frame above it outside that
     framework and torch: accelerate's gather for the Trainer's token count, Lightning's flag under the
     script's `fit`. That frame differs from call to call of one site (a framework's gather serves every
-    caller), so it is found at each call, and framework calls never take the fast path (`_learn_site`).
+    caller), so it is found at each call of the general path (a framework's small calls take it: `_learn_site`).
     """
     key = (frame.f_code, id(frame.f_globals))
     site = _ISSUER_OF_SITE.get(key)
@@ -273,8 +273,8 @@ class CollectiveCapture:
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
         # Per wrapped function, (ids of the caller's code and globals, id(group), dtype, async_op) -> (shared
-        # fields, [count, bytes], issuer, its index in `tracker.call_sites`, (code, globals) kept alive):
-        # the fast path's one lookup per call (host clock, outside DDP buckets).
+        # fields, [count, bytes], issuer, its index in `tracker.call_sites`, (code, globals) kept alive, whether a
+        # framework issues it): the fast path's one lookup per call (host clock, outside DDP buckets).
         self._sites: list[dict[tuple, tuple]] = []
         self._sites_lock = threading.Lock()  # a new site's index in `tracker.call_sites`
         self.installed: list[str] = []
@@ -371,6 +371,7 @@ class CollectiveCapture:
         append = tracker.comm_done.append
         tensor_type = torch.Tensor
         not_recorded = _NOT_RECORDED
+        sync_bytes = FRAMEWORK_SYNC_MAX_BYTES
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -416,8 +417,10 @@ class CollectiveCapture:
             # lookup for its shared fields, counters and issuer, and (synchronous) a tuple for the tracker.
             # Anything else goes through _begin/_end.
             site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
-            if site is None or tracker.device_events is not None or local.bucket is not None:
-                issuer, origin = _caller_site(frame) if site is None else (site[2], site[0].get("origin"))
+            if (site is None or tracker.device_events is not None or local.bucket is not None
+                    or (site[5] and nbytes <= sync_bytes)):  # a framework's flag: who called it, at every call
+                issuer, origin = (_caller_site(frame) if site is None or site[5]
+                                  else (site[2], site[0].get("origin")))
                 if issuer in not_recorded:
                     return original(*args, **kwargs)
                 record = self._begin(op, group, nbytes, dtype, issuer, async_op, origin)
@@ -460,10 +463,14 @@ class CollectiveCapture:
 
     def _learn_site(self, sites: dict[tuple, Any], frame: Any, group: Any, dtype: Any, async_op: bool, issuer: str,
                     record: dict[str, Any]) -> None:
-        """Remember a call site's shared fields for the fast path (not for shared plumbing, nor for a framework's
-        calls: their callers differ)."""
-        if ("_start" in record or "bucket" in record or issuer in FRAMEWORK_ISSUERS
-                or frame.f_globals.get("__name__", "").startswith(_PLUMBING)):
+        """Remember a call site's shared fields for the fast path (not for shared plumbing: its callers differ).
+
+        A framework's site is remembered too, flagged: its small calls (flags, counters, logged values, at most
+        `FRAMEWORK_SYNC_MAX_BYTES`) still take the general path, so that each names the caller of the framework
+        (one framework function serves many); its larger ones (the gradients DeepSpeed's engine averages
+        itself, tens per step) take the fast path and keep the caller seen first.
+        """
+        if "_start" in record or "bucket" in record or frame.f_globals.get("__name__", "").startswith(_PLUMBING):
             return
         shared = record["_s"]
         key = next(k for k, v in self._kinds.items() if v[0] is shared)
@@ -475,7 +482,7 @@ class CollectiveCapture:
         # for a long training function, on every call. The entry holds the code and the globals, so
         # neither id is reused while it lives.
         sites[(id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op)] = (
-            shared, self._kinds[key][1], issuer, index, (frame.f_code, frame.f_globals))
+            shared, self._kinds[key][1], issuer, index, (frame.f_code, frame.f_globals), issuer in FRAMEWORK_ISSUERS)
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:
