@@ -128,6 +128,27 @@ def test_pipeline_run_and_fsdp_only_count():
     assert _inputs(strategy_advice(fsdp_only, {}, pd.DataFrame(), 1))["num_params"]["value"] == 7
 
 
+def test_a_script_without_ddp_or_parallelize_is_advised_from_what_its_optimizer_steps():
+    # FSDP2 applied by the script: its sharded parameters (counted whole) and FSDP's collectives.
+    fsdp2 = {r: {"hostname": "node0", "trained": {"num_params": 2_106_376, "param_bytes": 8_425_504, "sharded": True},
+                 "collectives": {"fsdp": {"count": 210, "bytes": 1}}} for r in range(2)}
+    rows = strategy_advice(fsdp2, {"mem_total_bytes": 64 * 10**9}, pd.DataFrame(), 2,
+                           config={"strategy": {"kind": "ddp"}})  # the config's default kind: nothing applied
+    inputs = _inputs(rows)
+    assert inputs["num_params"]["value"] == 2_106_376 and inputs["num_params"]["source"] == "measured"
+    assert "trained.num_params" in inputs["num_params"]["detail"] and "counted whole" in inputs["num_params"]["detail"]
+    assert inputs["param_bytes_per_param"]["value"] == 4
+    assert inputs["strategy"]["value"] == "fsdp full shard"
+    assert [r["name"] for r in rows if r["current"]] == ["fsdp full shard"]
+    # A hand-written all-reduce: no DDP, nothing sharded. The config's default "ddp" is not what it runs.
+    plain = {0: {"hostname": "node0", "trained": {"num_params": 1000, "param_bytes": 4000, "sharded": False},
+                 "collectives": {"user": {"count": 4, "bytes": 16000}}}}
+    rows = strategy_advice(plain, {"mem_total_bytes": 64 * 10**9}, pd.DataFrame(), 1,
+                           config={"strategy": {"kind": "ddp"}})
+    assert _inputs(rows)["num_params"]["value"] == 1000 and _inputs(rows)["strategy"]["value"] is None
+    assert not any(r["current"] for r in rows)
+
+
 def test_no_parameter_count_means_no_advice_and_a_warning():
     warnings: list[str] = []
     assert strategy_advice({0: {"hostname": "a"}}, {}, pd.DataFrame(), 1, warnings=warnings) == ()

@@ -73,8 +73,11 @@ def _assert_self_check(run: RunDir, limit_pp: float = SELF_CHECK_PP) -> None:
 
 def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp_path):
     run = _profile(tmp_path, "fsdp2", "stack_fsdp2.py", extra=WINDOW)
+    _assert_fsdp2(run)
+
+
+def _assert_fsdp2(run: RunDir, width: int = 256, blocks: int = 4) -> None:
     _assert_steps_and_forward(run)
-    width, blocks = 256, 4
     num_params = blocks * (2 * width + width * 4 * width + 4 * width + 4 * width * width + width) + width * 8 + 8
     for rank in (0, 1):
         comm = read_jsonl(run.rank_file(rank, "comm"))
@@ -90,6 +93,10 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
         # are gathered in forward and again (resharded blocks) in backward.
         assert all(rs[s] == 4 * num_params for s in measured), rs
         assert all(4 * num_params <= ag[s] <= 2 * 4 * num_params for s in measured), ag
+        # What the optimizer steps: the sharded parameters, counted whole (the strategy advice's model size).
+        trained = json.loads(run.rank_file(rank, "meta").read_text())["trained"]
+        assert trained == {"num_params": num_params, "param_bytes": 4 * num_params, "sharded": True,
+                           "optimizer": "AdamW"}
     a = analyze_run(run.path)
     assert a.comm is not None and a.comm.num_collectives_per_step >= 10
     assert a.breakdown.phases_s["exposed_comm"] > 0
@@ -98,7 +105,30 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
     assert set(kinds) == {("fsdp", "all_gather_into_tensor"), ("fsdp", "reduce_scatter_tensor")}
     assert kinds[("fsdp", "reduce_scatter_tensor")]["bytes"] == 4 * num_params
     assert sum(k["count"] for k in kinds.values()) == a.comm.num_collectives_per_step
+    # The strategy advice knows the model and that the script shards it (no DDP, no parallelize call).
+    assert [r["name"] for r in a.advice if r["current"]] == ["fsdp full shard"]
     _assert_self_check(run)
+
+
+def test_compiled_fsdp2_blocks_trace_the_same_graphs_with_and_without_the_profiler(tmp_path):
+    import subprocess
+    import sys
+
+    # Each block compiled before it is sharded (`Module.compile`: FSDP2's hooks run inside Dynamo's
+    # frame), the probes on the root outside it.
+    args = ["--compile", "--steps", str(STEPS + WARMUP)]
+    bare = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPTS / "stack_fsdp2.py"), *args], capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 0 or "fsdp2 done" in bare.stdout, bare.stdout[-2000:] + bare.stderr[-3000:]
+    without = _dynamo_line(bare.stdout)
+    run = _profile(tmp_path, "compiled-fsdp2", "stack_fsdp2.py", *args, extra=WINDOW)
+    with_profiler = _dynamo_line(run.logs.joinpath("rank00000.log").read_text())
+    assert without["unique_graphs"] > 0 and without["frames_ok"] > 0  # Dynamo did capture the blocks
+    for key in ("unique_graphs", "graph_breaks", "recompiles", "calls_captured", "frames_ok", "frames_total"):
+        assert with_profiler[key] == without[key], (key, with_profiler, without)
+    assert with_profiler["torsh_warnings"] == [] and with_profiler["graph_break_reasons"] == without["graph_break_reasons"]
+    assert json.loads(run.rank_file(0, "meta").read_text())["probed_modules"] == ["FSDPSequential"]
+    _assert_fsdp2(run)
 
 
 def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path):
@@ -114,6 +144,8 @@ def test_hand_written_all_reduce_is_seen_and_diagnosed_as_communication(tmp_path
         assert all(per_step[s] == grad_bytes for s in range(WARMUP + STEPS)), per_step
         # Synchronous gloo calls: the training thread waits for all of each one.
         assert all(c["blocked_s"] == pytest.approx(c["duration_s"]) for c in comm)
+        trained = json.loads(run.rank_file(rank, "meta").read_text())["trained"]
+        assert (trained["num_params"], trained["param_bytes"], trained["sharded"]) == (grad_bytes // 4, grad_bytes, False)
     a = analyze_run(run.path)
     categories = [b.category for b in a.bottlenecks]
     assert categories and categories[0] == "communication", categories

@@ -65,8 +65,8 @@ def strategy_advice(
     config = config or {}
     params = _num_params(meta)
     if params is None:
-        notes.append("strategy advice unavailable: the model's parameter count is unknown (no DDP model or "
-                      "torsh_tune.parallelize call recorded in meta.json)")
+        notes.append("strategy advice unavailable: the model's parameter count is unknown (no DDP model, "
+                      "torsh_tune.parallelize call or optimizer step recorded in meta.json)")
         return ()
     num_params, param_bytes, params_detail = params
     nnodes, nnodes_source, nnodes_detail = _nnodes(meta, info)
@@ -135,6 +135,12 @@ def _num_params(meta: dict[int, dict[str, Any]]) -> tuple[int, int | None, str] 
         n = _int(dig(m, "pipeline", "num_params"))
         if n:
             return n, _int(dig(m, "pipeline", "param_bytes")), f"rank {rank} meta.json pipeline.num_params"
+    for rank in sorted(meta):  # no DDP model or parallelize call: what the script's optimizer steps
+        n = _int(dig(meta[rank], "trained", "num_params"))
+        if n:
+            whole = " (sharded DTensors counted whole)" if dig(meta[rank], "trained", "sharded") else ""
+            return n, _int(dig(meta[rank], "trained", "param_bytes")), (
+                f"rank {rank} meta.json trained.num_params: the parameters the script's optimizer steps{whole}")
     return None
 
 
@@ -263,10 +269,16 @@ def _run_strategy(meta: dict[int, dict[str, Any]], config: dict[str, Any],
     api = next((m["strategy"] for _, m in sorted(meta.items()) if isinstance(m.get("strategy"), dict)), None)
     if api is not None and isinstance(api.get("kind"), str):
         kind, where = api["kind"], "meta.json strategy.kind (torsh_tune.parallelize)"
-    elif isinstance(cfg.get("kind"), str):
-        kind, where = cfg["kind"], "config.json strategy.kind"
     elif any(isinstance(m.get("ddp"), dict) for m in meta.values()):
         kind, where = "ddp", "a DDP model in meta.json"
+    elif any(dig(m, "trained", "sharded") and dig(m, "collectives", "fsdp") for m in meta.values()):
+        # FSDP2 applied by the script: its sharding options are not recorded; fully_shard's default
+        # (reshard after forward) is taken.
+        kind, where = "fsdp", "sharded parameters and FSDP's collectives in meta.json (fully_shard by the script)"
+    elif isinstance(cfg.get("kind"), str) and cfg["kind"] != "ddp":
+        # What the config asked parallelize for, in a run that recorded no call (it failed first). Its
+        # "ddp", the default, says nothing: a script without DDP (a hand-written all-reduce) runs none.
+        kind, where = cfg["kind"], "config.json strategy.kind"
     else:
         return None, "no strategy recorded", {}
     keys: dict[str, Any] = {"kind": kind}

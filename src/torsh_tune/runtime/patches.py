@@ -527,6 +527,7 @@ def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if any(getattr(p, "is_cuda", False) for p in params):
         rt.training_on_cuda()
+    rt.meta["trained"] = _trained(params, optimizer)
     if not rt.config.profiler.enabled or rt.tracker.microbatches:
         return
     roots = [m for m in _outermost_owners({id(p) for p in params}) if m not in rt.probed_modules]
@@ -538,6 +539,20 @@ def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -
             rt._no_samples.add(module)
     rt.meta["probed_modules"] = [type(m).__name__ for m in roots]
     rt.save_meta()
+
+
+def _trained(params: list[Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The parameters the first stepping optimizer owns: how many, their bytes, whether sharded.
+
+    What the strategy advice needs when no DDP model or `parallelize` call says it (FSDP2
+    applied by the script, a hand-written all-reduce). A DTensor counts whole (its global
+    shape), as DDP's and FSDP's own counts do.
+    """
+    unique = list({id(p): p for p in params}.values())
+    return {"num_params": sum(p.numel() for p in unique),
+            "param_bytes": sum(p.numel() * p.dtype.itemsize for p in unique),
+            "sharded": any(type(p).__name__ == "DTensor" for p in unique),
+            "optimizer": type(optimizer).__name__}
 
 
 def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:

@@ -1,6 +1,9 @@
 """A script that applies FSDP2 itself: fully_shard on each block, then on the root; AdamW.
 
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
+`--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
+aot_eager, which needs no C++ compiler); rank 0 then prints at exit the `DYNAMO {...}` line of
+`_dynamo_report.py` (graphs, graph breaks, recompiles, warnings that mention torsh).
 """
 
 import argparse
@@ -11,13 +14,18 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
+import _dynamo_report
+
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--blocks", type=int, default=4)
 p.add_argument("--batch-size", type=int, default=32)
 p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
+p.add_argument("--backend", choices=["eager", "aot_eager", "inductor"], default="aot_eager")
 args = p.parse_args()
+if args.compile:
+    _dynamo_report.watch()
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")
@@ -42,18 +50,22 @@ class Block(nn.Module):
 model = nn.Sequential(*[Block(args.width) for _ in range(args.blocks)], nn.Linear(args.width, 8)).to(device)
 for block in model[:-1]:
     if args.compile:
-        block.compile()
+        block.compile(backend=args.backend)
     fully_shard(block)
 fully_shard(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
-for step in range(args.steps):
-    x = torch.randn(args.batch_size, args.width, generator=g).to(device)
-    y = torch.randint(0, 8, (args.batch_size,), generator=g).to(device)
-    loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
+try:
+    for step in range(args.steps):
+        x = torch.randn(args.batch_size, args.width, generator=g).to(device)
+        y = torch.randint(0, 8, (args.batch_size,), generator=g).to(device)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+finally:  # also when the run is stopped from outside (the profiler's step budget) by an exception
+    if args.compile and rank == 0:
+        print(_dynamo_report.line(backend=args.backend, world=world), flush=True)
 if rank == 0:
     print(f"fsdp2 done, loss {loss.item():.4f}")
 dist.destroy_process_group()
