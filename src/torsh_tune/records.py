@@ -111,6 +111,7 @@ class CommRecord:
     grad_bytes: int | None = None  # DDP: gradient bytes of the bucket (before compression)
     async_op: bool | None = None
     blocked_s: float | None = None  # host: how long the training thread waited in the call or Work.wait()
+    issue_s: float | None = None  # async_op: how long the issuing call itself took (host; part of blocked_s)
     clock: str | None = None  # "device" or "host"
     stream: str | None = None  # device clock: "default" (the compute stream) or "side"
     t_start: float | None = None  # device clock: started, on the step's device timeline

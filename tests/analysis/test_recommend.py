@@ -467,6 +467,32 @@ def test_fsdps_recommendation_names_what_its_collectives_spend():
     assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch
 
 
+@pytest.mark.parametrize(("comm_s", "title", "gain_high"), [
+    (0.030, "Put fewer bytes on the wire: the engine's collectives outlast the backward they overlap", 30.0),
+    (0.008, "Shorten the tail of the engine's overlapped collectives", 20.0),
+])
+def test_an_engine_that_already_overlaps_its_collectives_is_told_what_is_left(comm_s, title, gain_high):
+    kind = "user all_reduce"
+    evidence = {"exposed_comm_pct": 30.0, "attributable_comm_pct": 30.0, "overlap_pct": 50.0,
+                "backward_compute_pct": 20.0, "step_s": 0.05, "backward_compute_s": 0.01,
+                "comm_s_by_kind": {kind: comm_s}, "comm_blocked_s_by_kind": {kind: 0.015},
+                "comm_async_share_by_kind": {kind: 1.0}, "comm_origins_by_kind": {kind: ["train.py:Engine._ready"]}}
+    meta = {0: {"collectives": {"user": {"count": 6, "bytes": 1 << 24}}}}
+    finding = Bottleneck(category="communication", severity="high", ranks=(0, 1), message="", evidence=evidence)
+    (rec,) = recommend([finding], meta=meta, world_size=2)
+    assert rec.title == title and "DDP instead" not in rec.title and not rec.config_patch
+    assert (f"come from 'user' code (train.py:Engine._ready), issued with async_op=True during backward "
+            f"({kind}: {1e3 * comm_s:.3g} ms per step), and the training thread waits 15 ms per step") in rec.rationale
+    # Longer than the backward: at most half of them (half the bytes); else what the backward can hide; never
+    # more than is exposed.
+    assert rec.expected_gain.high_pct == pytest.approx(gain_high)
+    # The same collectives issued synchronously: DDP's overlap is the advice.
+    sync = {**evidence, "comm_async_share_by_kind": {kind: 0.0}}
+    (rec,) = recommend([Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                                   evidence=sync)], meta=meta, world_size=2)
+    assert rec.title == "Average gradients with DDP instead of blocking all-reduces after backward"
+
+
 @pytest.mark.parametrize(("built_by", "key", "value", "where"), [
     ("user", "bucket_cap_mb", 5.0, "DistributedDataParallel(model, ..., bucket_cap_mb=5.0)"),
     ("transformers", "bucket_cap_mb", 5.0, "TrainingArguments(ddp_bucket_cap_mb=5.0)"),

@@ -235,6 +235,17 @@ def test_host_clock_collectives_expose_the_time_the_thread_blocked():
 
 
 
+def test_an_asynchronous_collective_exposes_its_issuing_call_and_its_wait():
+    # Issued in backward (the call held the thread 0.125 s), waited for 0.25 s until its completion.
+    issued = _comm(11.25, 12.5, async_op=True, blocked_s=0.375, issue_s=0.125)
+    total, exposed, in_phase = _comm_times([issued], [], _step(), PHASES, 0.0)
+    assert (total, exposed) == (1.25, 0.375)
+    assert in_phase == {"forward": 0.0, "backward": 0.125, "optimizer": 0.25}
+    # Records made before the issuing call was kept apart: all of blocked_s is the wait.
+    assert _comm_times([_comm(11.25, 12.5, async_op=True, blocked_s=0.25)], [], _step(), PHASES, 0.0)[2] == {
+        "forward": 0.0, "backward": 0.0, "optimizer": 0.25}
+
+
 def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():
     from torsh_tune.profiler import SharedFields
     from helpers import host_call_record

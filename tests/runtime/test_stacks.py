@@ -166,6 +166,34 @@ def _dynamo_line(text: str) -> dict:
     return json.loads(lines[-1].split("DYNAMO ", 1)[1])
 
 
+def test_an_engine_overlapping_its_own_async_all_reduces_is_measured_and_advised_as_one(tmp_path):
+    # DeepSpeed/Megatron style: gradient buckets all-reduced with async_op=True from post-accumulate-grad
+    # hooks during backward, waited for before the optimizer step; no DDP.
+    width, layers = 512, 6
+    run = _profile(tmp_path, "engine", "stack_overlap_engine.py", extra=WINDOW)
+    _assert_steps_and_forward(run)
+    grad_bytes = 4 * (64 * width + width + layers * (width * width + width) + 10 * width + 10)
+    for rank in (0, 1):
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        assert {c["issuer"] for c in comm} == {"user"} and all(c["async_op"] for c in comm)
+        assert {c["origin"] for c in comm} == {"stack_overlap_engine.py:Engine._ready"}
+        per_step = _per_step_bytes(comm)
+        assert all(per_step[s] == grad_bytes for s in range(WARMUP + STEPS)), per_step
+        # The issuing call held the thread too; the wait before the optimizer step comes on top.
+        assert all(0 < c["issue_s"] <= c["blocked_s"] <= c["duration_s"] + c["issue_s"] for c in comm)
+    a = analyze_run(run.path)
+    (kind,) = a.comm.by_kind
+    assert kind["async_share"] == 1.0 and 0 < kind["blocked_s"] < kind["time_s"]
+    # Buckets in flight together are not summed twice: the kind's time is the communication's, not more.
+    assert kind["time_s"] <= 1.05 * a.comm.comm_s and a.comm.overlap_pct > 0
+    # Already asynchronous: not told to "average with DDP instead of blocking all-reduces".
+    recs = [r for r in a.recommendations if r.category == "communication"]
+    assert recs and recs[0].title in ("Put fewer bytes on the wire: the engine's collectives outlast the backward "
+                                      "they overlap", "Shorten the tail of the engine's overlapped collectives")
+    assert "issued with async_op=True during backward" in recs[0].rationale
+    _assert_self_check(run)
+
+
 @pytest.mark.timeout(600)
 def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profiler(tmp_path):
     import subprocess

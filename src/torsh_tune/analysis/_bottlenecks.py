@@ -213,6 +213,14 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         origins = {f"{k['issuer']} {k['op']}": k["origins"] for k in kinds[:5] if k.get("origins")}
         if origins:  # the functions that called torch.distributed, most time first
             evidence["comm_origins_by_kind"] = origins
+        # Whether the training thread waits in the call (synchronous) or issues and waits later (an engine
+        # that overlaps its own collectives with backward, as DeepSpeed's and Megatron's do).
+        waited = {f"{k['issuer']} {k['op']}": k["blocked_s"] for k in kinds[:5] if k.get("blocked_s") is not None}
+        if waited:
+            evidence["comm_blocked_s_by_kind"] = waited
+        issued_async = {f"{k['issuer']} {k['op']}": k["async_share"] for k in kinds[:5] if k.get("async_share")}
+        if issued_async:
+            evidence["comm_async_share_by_kind"] = issued_async
     # Collectives a training framework issues in most steps besides the gradients' (Lightning's SIGTERM
     # flag, a logged value synchronised at every step): synchronous, small, latency-bound. Small: a framework
     # that averages the gradients itself (DeepSpeed's engine) issues those too, and they are not flags.

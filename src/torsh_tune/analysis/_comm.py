@@ -25,14 +25,16 @@ def aligned_collectives(comm: pd.DataFrame) -> pd.DataFrame:
     A hook-timed collective also queues behind the rank's previous collective (the process
     group runs them in order), which the wire is busy with. `wire_s` = min across ranks of
     t_complete - max(t_issue, previous t_complete) drops that queueing, and is what the
-    bandwidths are computed from.
+    bandwidths are computed from. `service_s` is that time on the rank itself: what the
+    rank's collectives of a step sum to without counting a queued one's wait twice (several
+    asynchronous collectives in flight at once).
 
     Returns:
-        A copy of `comm` with columns transfer_s, wait_s, lateness_s, wire_s, group_size.
+        A copy of `comm` with columns transfer_s, wait_s, lateness_s, wire_s, service_s, group_size.
     """
     df = comm.copy()
     if df.empty:
-        for col in ("transfer_s", "wait_s", "lateness_s", "wire_s", "group_size"):
+        for col in ("transfer_s", "wait_s", "lateness_s", "wire_s", "service_s", "group_size"):
             df[col] = pd.Series(dtype=float)
         return df
     for col in ("duration_s", "t_issue", "t_complete"):
@@ -44,7 +46,6 @@ def aligned_collectives(comm: pd.DataFrame) -> pd.DataFrame:
     df["service_s"] = service.where(df["t_complete"].notna(), df["duration_s"])
     group = df.groupby(["step", "seq"])
     df["wire_s"] = group["service_s"].transform("min")
-    df = df.drop(columns="service_s")
     df["transfer_s"] = group["duration_s"].transform("min")
     df["wait_s"] = (df["duration_s"] - df["transfer_s"]).clip(lower=0.0)
     df["lateness_s"] = df["t_issue"] - group["t_issue"].transform("min")
@@ -143,14 +144,24 @@ def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, An
         steps = pd.Index(sorted(set(known["step"].tolist()) | set(g["step"].tolist())), name="step")
         ranks = pd.concat([known[["step", "rank"]], g[["step", "rank"]]]).groupby("step")["rank"].nunique()
         ranks = ranks.reindex(steps)
+        # Asynchronous collectives in flight together: each one's time counts from its issue or the
+        # rank's previous completion, whichever is later (`service_s`), so queued ones are not summed twice.
+        g = g.assign(time_s=g["service_s"].fillna(g["duration_s"]),
+                     blocked_s=pd.to_numeric(g.get("blocked_s"), errors="coerce") if "blocked_s" in g else np.nan)
         per_rank = g.groupby(["step", "rank"]).agg(count=("seq", "size"), bytes=("bytes", "sum"),
-                                                   time_s=("duration_s", "sum"))
+                                                   time_s=("time_s", "sum"), blocked_s=("blocked_s", "sum"))
         # A rank without this kind in a step had none of it: 0, not a missing value.
         per_step = per_rank.groupby("step").sum().reindex(steps, fill_value=0.0).div(ranks, axis=0)
-        transfer = g.groupby(["step", "seq"])["transfer_s"].first().groupby("step").sum().reindex(steps, fill_value=0.0)
-        out.append({"issuer": issuer, "op": op, "count": float(per_step["count"].median()),
-                    "bytes": float(per_step["bytes"].median()), "time_s": float(per_step["time_s"].median()),
-                    "transfer_s": float(transfer.median()), "origins": _origins(g)})
+        # Each collective's fastest rank, its queueing behind the rank's previous one left out (`wire_s`).
+        transfer = g.groupby(["step", "seq"])["wire_s"].first().groupby("step").sum().reindex(steps, fill_value=0.0)
+        row = {"issuer": issuer, "op": op, "count": float(per_step["count"].median()),
+               "bytes": float(per_step["bytes"].median()), "time_s": float(per_step["time_s"].median()),
+               "transfer_s": float(transfer.median()), "origins": _origins(g)}
+        if "async_op" in g and g["async_op"].notna().any():
+            row["async_share"] = float(g["async_op"].fillna(False).astype(bool).mean())
+        if g["blocked_s"].notna().any():  # the training thread's wait: in the call, or in Work.wait()
+            row["blocked_s"] = float(per_step["blocked_s"].median())
+        out.append(row)
     return tuple(sorted(out, key=lambda k: -k["time_s"]))
 
 

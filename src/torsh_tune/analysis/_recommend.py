@@ -532,10 +532,14 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
                "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), keep the root and last "
                "blocks unsharded after forward (reshard_after_forward=False), or shard over fewer ranks (HSDP)")
     else:
-        title = "Average gradients with DDP instead of blocking all-reduces after backward"
         called = [o for k, origins in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith(f"{issuer} ")
                   for o in origins]
         where = f" ({', '.join(dict.fromkeys(called))})" if called else ""
+        issued_async = [k for k, share in (ev.get("comm_async_share_by_kind") or {}).items()
+                        if k.startswith(f"{issuer} ") and share > 0.5]
+        if issued_async:
+            return [_overlapped_engine(e, bwd, ev, issuer, where, issued_async), *_framework_syncs(ev, e)]
+        title = "Average gradients with DDP instead of blocking all-reduces after backward"
         why = (f"the collectives come from {issuer!r} code{where} and block the training thread{spent}; DDP's bucketed "
                "all-reduce starts during backward and overlaps with it (or register the all-reduce as a "
                "gradient hook with async_op=True and wait before the optimizer step)")
@@ -545,6 +549,38 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         {}, _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %"),
         "medium",
     ), *_framework_syncs(ev, e)]
+
+
+def _overlapped_engine(e: float, bwd: float, ev: dict[str, Any], issuer: str, where: str,
+                       kinds: list[str]) -> Recommendation:
+    """Exposed communication of an engine that already issues its collectives asynchronously during backward
+    (DeepSpeed's overlap_comm, Megatron's DDP, a hand-written bucketed hook): what is left to do depends on
+    whether its collectives fit in the backward compute at all."""
+    step_s = float(ev.get("step_s") or 0.0)
+    comm_s = sum(float((ev.get("comm_s_by_kind") or {}).get(k, 0.0)) for k in kinds)
+    waited_s = sum(float((ev.get("comm_blocked_s_by_kind") or {}).get(k, 0.0)) for k in kinds)
+    bwd_s = float(ev.get("backward_compute_s") or 0.0)
+    comm_pct = 100.0 * comm_s / step_s if step_s > 0 else 0.0
+    what = (f"the collectives come from {issuer!r} code{where}, issued with async_op=True during backward "
+            f"({', '.join(kinds)}: {1e3 * comm_s:.3g} ms per step), and the training thread waits "
+            f"{1e3 * waited_s:.3g} ms per step for them (in Work.wait())")
+    if comm_s > bwd_s:
+        title = "Put fewer bytes on the wire: the engine's collectives outlast the backward they overlap"
+        why = (f"{what}; they take longer than the backward compute they can hide behind ({1e3 * bwd_s:.3g} ms), so "
+               "no order or bucket size hides them all: reduce the gradients in bf16/fp16 (half the bytes) or "
+               "compress them (Top-K, PowerSGD)")
+        gain = _gain(0.0, min(e, comm_pct / 2),
+                     f"half the bytes save at most half of the communication ({comm_pct:.1f} % of the step), "
+                     f"and no more than is exposed ({e:.1f} %)")
+    else:
+        title = "Shorten the tail of the engine's overlapped collectives"
+        why = (f"{what}; they fit in the backward compute ({1e3 * bwd_s:.3g} ms), so what stays exposed is the tail: "
+               "the buckets issued when backward ends. Make the buckets smaller (the last one issued above all: "
+               "DDP's first bucket is 1 MiB for this reason) and issue each as soon as its gradients are ready")
+        gain = _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %")
+    return _rec("communication", title,
+                f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
+                {}, gain, "medium")
 
 
 def _network(b: Bottleneck, ctx: _Context) -> list[Recommendation]:

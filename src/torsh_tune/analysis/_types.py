@@ -136,10 +136,14 @@ class CommStats:
     wait_by_rank_s: dict[int, float] = field(default_factory=dict)  # median per step
     last_transfer_s: float | None = None  # wire time of each step's last collective (never overlappable)
     wire_s: float | None = None  # per step: transfer without queueing behind the previous collective
-    # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s", "origins"}; count,
-    # bytes and time_s (its records' durations) the mean across ranks, transfer_s per collective's min across
-    # ranks, each the median over steps (a kind missing from a step counts 0 there); origins: the functions
-    # that called torch.distributed ("module:qualname"), most time first, at most 3; most time first.
+    # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s", "origins"} and,
+    # where the records say, "async_share" (of its collectives issued with async_op) and "blocked_s" (the
+    # training thread's wait in the call or in Work.wait()); count, bytes, time_s and blocked_s the mean
+    # across ranks, time_s its records' durations with a queued collective's wait behind the rank's previous
+    # one left out (`service_s`: asynchronous ones in flight together are not summed twice), transfer_s per
+    # collective's min of that across ranks, each the median over steps (a kind missing from a step counts 0
+    # there); origins: the functions that called torch.distributed ("module:qualname"), most time first, at
+    # most 3; most time first.
     by_kind: tuple[dict[str, Any], ...] = ()
 
 

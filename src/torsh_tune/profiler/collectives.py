@@ -15,8 +15,9 @@ Clocks (design principle 6):
 - gloo (and any other backend): host time. A synchronous call returns when the
   collective has completed; an asynchronous one completes in its future's callback on
   the backend's thread, which only timestamps and appends (never waits).
-The time the training thread itself blocks in `Work.wait()` is recorded as the
-collective's `blocked_s` (host time): with synchronous calls, the whole call.
+The time the training thread itself blocks in the collective is recorded as its
+`blocked_s` (host time): with synchronous calls, the whole call; with asynchronous ones, the
+issuing call (`issue_s`) and then the time inside `Work.wait()`.
 
 DDP's builtin C++ all-reduce never reaches Python: the reducer's own timers cover it (host
 time on CPU, its sampled CUDA timers on a GPU); a Python comm hook's collectives come here
@@ -563,6 +564,10 @@ class CollectiveCapture:
                 record["duration_s"] = t_return - record["t_issue"]
             self.tracker.on_collective(record)
             return
+        # The issuing call itself held the training thread (gloo enqueues, checks and copies there: 30 µs to
+        # ms on a busy host); Work.wait() adds to it.
+        record["issue_s"] = t_return - record["t_issue"]
+        record["blocked_s"] += record["issue_s"]
         self._works[id(work)] = record
         if len(self._works) > 4096:  # works nobody waits on (futures instead): forget the oldest
             for key in list(self._works)[:2048]:

@@ -556,9 +556,17 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
                 blocked.append((s, e))
         elif c["blocked_s"]:
-            # A synchronous call blocks from its issue; a wait() blocks until the completion.
+            # A synchronous call blocks from its issue; an asynchronous one for its issuing call, then in
+            # a wait() that blocks until the completion.
             b = c["blocked_s"]
-            blocked.append((s, s + b) if not shared["async_op"] else (e - b, e))
+            if not shared["async_op"]:
+                blocked.append((s, s + b))
+            else:
+                issue = c.get("issue_s") or 0.0
+                if issue > 0:
+                    blocked.append((s, s + issue))
+                if b - issue > 0:
+                    blocked.append((e - (b - issue), e))
     if calls:  # many per step: comprehensions, not a loop of appends
         intervals = [(c[4] + _OFFSET, c[5] + _OFFSET) for c in calls]
         spans += intervals

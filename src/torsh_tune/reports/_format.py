@@ -12,6 +12,7 @@ __all__ = [
     "advice_headline",
     "advice_input_text",
     "comm_kinds",
+    "kind_op",
     "fmt_origins",
     "fmt_gb",
     "fmt_bytes",
@@ -264,6 +265,11 @@ def migration_cell(row: dict[str, Any], key: str) -> str:
 def fmt_origins(kind: dict[str, Any]) -> str:
     """The functions that called torch.distributed for one `by_kind` row, or "–" (DDP's C++ reducer, old runs)."""
     return ", ".join(kind.get("origins") or []) or "–"
+
+
+def kind_op(kind: dict[str, Any]) -> str:
+    """A by-kind row's operation, "(async)" after it when most of its collectives were issued with async_op."""
+    return f"{kind.get('op')} (async)" if (kind.get("async_share") or 0.0) > 0.5 else str(kind.get("op"))
 
 
 def comm_kinds(communication: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from ._format import (
     advice_headline,
     advice_input_text,
     comm_kinds,
+    kind_op,
     fmt_origins,
     fmt_bytes,
     fmt_gb,
@@ -383,11 +384,12 @@ def _details(info: ReportInfo, busbw_figure: str | None = None) -> list[str]:
         if kinds:
             out += ["<p>Per step, by who issued which operation (mean of ranks, median over steps):</p>",
                     "<table><tr><th>issuer</th><th>operation</th><th>count</th><th>payload</th><th>time</th>"
-                    "<th>transfer</th><th>called from</th></tr>"]
-            out += [f"<tr><td>{_e(k.get('issuer'))}</td><td>{_e(k.get('op'))}</td>"
+                    "<th>transfer</th><th>training thread waited</th><th>called from</th></tr>"]
+            out += [f"<tr><td>{_e(k.get('issuer'))}</td><td>{_e(kind_op(k))}</td>"
                     f"<td class=num>{_e(fmt_value('n', k.get('count')))}</td>"
                     f"<td class=num>{_e(fmt_bytes(k.get('bytes')))}</td><td class=num>{_e(fmt_s(k.get('time_s')))}</td>"
-                    f"<td class=num>{_e(fmt_s(k.get('transfer_s')))}</td><td><code>{_e(fmt_origins(k))}</code></td></tr>"
+                    f"<td class=num>{_e(fmt_s(k.get('transfer_s')))}</td><td class=num>{_e(fmt_s(k.get('blocked_s')))}</td>"
+                    f"<td><code>{_e(fmt_origins(k))}</code></td></tr>"
                     for k in kinds]
             out.append("</table>")
         if busbw_figure:

@@ -15,6 +15,7 @@ from ._format import (
     advice_headline,
     advice_input_text,
     comm_kinds,
+    kind_op,
     fmt_origins,
     fmt_bytes,
     fmt_gb,
@@ -275,10 +276,11 @@ def _communication(info: ReportInfo) -> list[str]:
     kinds = comm_kinds(c)
     if kinds:
         out += ["", "Per step, by who issued which operation (mean of ranks, median over steps):", "",
-                "| issuer | operation | count | payload | time | transfer | called from |",
-                "|---|---|---:|---:|---:|---:|---|"]
-        out += [f"| {k.get('issuer')} | {k.get('op')} | {fmt_value('n', k.get('count'))} | {fmt_bytes(k.get('bytes'))} "
-                f"| {fmt_s(k.get('time_s'))} | {fmt_s(k.get('transfer_s'))} | {_origins_cell(k)} |" for k in kinds]
+                "| issuer | operation | count | payload | time | transfer | training thread waited | called from |",
+                "|---|---|---:|---:|---:|---:|---:|---|"]
+        out += [f"| {k.get('issuer')} | {kind_op(k)} | {fmt_value('n', k.get('count'))} | {fmt_bytes(k.get('bytes'))} "
+                f"| {fmt_s(k.get('time_s'))} | {fmt_s(k.get('transfer_s'))} | {fmt_s(k.get('blocked_s'))} "
+                f"| {_origins_cell(k)} |" for k in kinds]
     return out + [""]
 
 
