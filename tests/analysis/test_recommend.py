@@ -465,6 +465,12 @@ def test_fsdps_recommendation_names_what_its_collectives_spend():
     assert f"exposed (per step: {ag} 6 ms; {rs} 2 ms): prefetch" in gathers.rationale
     (scatters,) = recommend([finding({rs: 0.006, ag: 0.002})], meta=meta, world_size=2)
     assert "the reduce-scatters take longest" in scatters.rationale and not scatters.config_patch
+    # FSDP1 (its collectives issued outside fsdp._fully_shard): FullyShardedDataParallel's own arguments.
+    fsdp1 = finding({rs: 0.006, "fsdp all_gather": 0.002})
+    fsdp1.evidence["comm_origins_by_kind"] = {rs: ["torch.distributed.fsdp._runtime_utils:_reduce_grad"]}
+    (rec,) = recommend([fsdp1], meta=meta, world_size=2)
+    assert "MixedPrecision(reduce_dtype=torch.bfloat16)" in rec.rationale and "SHARD_GRAD_OP" in rec.rationale
+    assert "set_modules_to_forward_prefetch" not in rec.rationale
 
 
 @pytest.mark.parametrize(("comm_s", "title", "gain_high"), [

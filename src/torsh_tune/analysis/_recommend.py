@@ -525,12 +525,25 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         # all_gather_into_tensor / reduce_scatter_tensor (FSDP2), all_gather / reduce_scatter (FSDP1 paths)
         gathers = sum(float(v) for k, v in by_kind.items() if k.startswith("fsdp all_gather"))
         scatters = sum(float(v) for k, v in by_kind.items() if k.startswith("fsdp reduce_scatter"))
-        first = ("the reduce-scatters take longest: they end the backward, so reduce them in bf16 "
-                 "(MixedPrecisionPolicy reduce_dtype) or shard over fewer ranks (HSDP); the all-gathers: "
-                 if scatters > gathers else "")
-        why = (f"FSDP's collectives are exposed{spent}: {first}prefetch the next blocks' all-gathers "
-               "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch), keep the root and last "
-               "blocks unsharded after forward (reshard_after_forward=False), or shard over fewer ranks (HSDP)")
+        # Which FSDP: the functions that issued its collectives (FSDP2's live in fsdp._fully_shard).
+        origins = [o for k, found in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith("fsdp ")
+                   for o in found]
+        fsdp1 = bool(origins) and not any("fsdp._fully_shard" in o for o in origins)
+        if fsdp1:  # FullyShardedDataParallel's arguments
+            bf16 = "MixedPrecision(reduce_dtype=torch.bfloat16)"
+            prefetch = ("prefetch the next blocks' all-gathers (FullyShardedDataParallel(..., forward_prefetch=True, "
+                        "backward_prefetch=BackwardPrefetch.BACKWARD_PRE))")
+            keep = "keep parameters gathered from forward to backward (ShardingStrategy.SHARD_GRAD_OP)"
+            fewer = "shard over fewer ranks (ShardingStrategy.HYBRID_SHARD)"
+        else:
+            bf16 = "MixedPrecisionPolicy reduce_dtype"
+            prefetch = ("prefetch the next blocks' all-gathers "
+                        "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch)")
+            keep = "keep the root and last blocks unsharded after forward (reshard_after_forward=False)"
+            fewer = "shard over fewer ranks (HSDP)"
+        first = (f"the reduce-scatters take longest: they end the backward, so reduce them in bf16 ({bf16}) or "
+                 f"{fewer}; the all-gathers: " if scatters > gathers else "")
+        why = f"FSDP's collectives are exposed{spent}: {first}{prefetch}, {keep}, or {fewer}"
     else:
         called = [o for k, origins in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith(f"{issuer} ")
                   for o in origins]

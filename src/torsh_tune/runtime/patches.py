@@ -549,10 +549,19 @@ def _trained(params: list[Any], optimizer: torch.optim.Optimizer) -> dict[str, A
     shape), as DDP's and FSDP's own counts do.
     """
     unique = list({id(p): p for p in params}.values())
-    return {"num_params": sum(p.numel() for p in unique),
-            "param_bytes": sum(p.numel() * p.dtype.itemsize for p in unique),
-            "sharded": any(type(p).__name__ == "DTensor" for p in unique),
+    numels = [_whole_numel(p) for p in unique]
+    return {"num_params": sum(numels),
+            "param_bytes": sum(n * p.dtype.itemsize for n, p in zip(numels, unique)),
+            "sharded": any(type(p).__name__ == "DTensor" or n > p.numel() for n, p in zip(numels, unique)),
             "optimizer": type(optimizer).__name__}
+
+
+def _whole_numel(param: Any) -> int:
+    """A parameter's elements on all ranks together: a DTensor's global shape; FSDP1's flat parameter (a
+    `Parameter` flagged `_is_flat_param`) holds this rank's shard of its original parameters, whose
+    elements `_numels` gives (padding left out)."""
+    numels = getattr(param, "_numels", None) if getattr(param, "_is_flat_param", False) else None
+    return int(sum(numels)) if numels else param.numel()
 
 
 def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:

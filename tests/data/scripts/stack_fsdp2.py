@@ -1,5 +1,7 @@
 """A script that applies FSDP2 itself: fully_shard on each block, then on the root; AdamW.
 
+`--fsdp1` wraps the same model in FSDP1 instead (FullyShardedDataParallel, one unit per block,
+FULL_SHARD; on CPU with `device_id=cpu`: without an accelerator FSDP1 refuses to guess).
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
 `--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
 aot_eager, which needs no C++ compiler); rank 0 then prints at exit the `DYNAMO {...}` line of
@@ -23,6 +25,7 @@ p.add_argument("--blocks", type=int, default=4)
 p.add_argument("--batch-size", type=int, default=32)
 p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
 p.add_argument("--backend", choices=["eager", "aot_eager", "inductor"], default="aot_eager")
+p.add_argument("--fsdp1", action="store_true", help="FullyShardedDataParallel instead of fully_shard")
 args = p.parse_args()
 if args.compile:
     _dynamo_report.watch()
@@ -48,11 +51,18 @@ class Block(nn.Module):
 
 
 model = nn.Sequential(*[Block(args.width) for _ in range(args.blocks)], nn.Linear(args.width, 8)).to(device)
-for block in model[:-1]:
-    if args.compile:
-        block.compile(backend=args.backend)
-    fully_shard(block)
-fully_shard(model)
+if args.fsdp1:
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=device,
+                                     sharding_strategy=ShardingStrategy.FULL_SHARD)
+else:
+    for block in model[:-1]:
+        if args.compile:
+            block.compile(backend=args.backend)
+        fully_shard(block)
+    fully_shard(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 g = torch.Generator().manual_seed(rank)
 try:
