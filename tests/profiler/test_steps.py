@@ -284,6 +284,15 @@ def test_device_clock_collectives_block_only_synchronously_on_the_default_stream
     # Rewritten onto the step's device timeline, anchored at its host start.
     assert [(c["t_start"], c["t_complete"]) for c in comm] == [(11.5, 12.0), (10.25, 11.0), (12.25, 12.5)]
     assert not any("_rel_start" in c for c in comm)
+    # An engine's asynchronous all-reduce, issued in backward and waited for before the optimizer step: the
+    # compute stream reached the wait at 2.25 and idled until the collective ended at 2.5.
+    waited = device("default", True, (0.75, 2.5))
+    waited["_rel_wait"] = 2.25
+    early = device("default", True, (0.75, 1.0))  # over before the stream reached its wait: nothing exposed
+    early["_rel_wait"] = 1.75
+    total, exposed, in_phase = _comm_times([waited, early], [], _step(clock="device"), PHASES, 0.0)
+    assert (total, exposed, in_phase) == (1.75, 0.25, {"forward": 0.0, "backward": 0.0, "optimizer": 0.25})
+    assert not any("_rel_wait" in c for c in (waited, early))
 
 
 # -- device clock ---------------------------------------------------------------------------

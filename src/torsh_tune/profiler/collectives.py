@@ -340,6 +340,11 @@ class CollectiveCapture:
             record = works.pop(id(work), None)
             if record is None or torch.compiler.is_compiling():
                 return original(work, *args, **kwargs)
+            if "_start" in record and "_wait" not in record:
+                # Device clock: NCCL's wait() makes the current stream wait for the collective. An event
+                # recorded here completes when that stream reached the wait: from then until the
+                # collective's end the stream idles (the exposed part, on the device's timeline).
+                record["_wait"] = tracker.device_events.record()
             t0 = now()
             try:
                 return original(work, *args, **kwargs)

@@ -273,8 +273,8 @@ class StepTracker:
 
     @staticmethod
     def _comm_events_done(c: dict[str, Any]) -> bool:
-        end = c.get("_end")
-        return end is not None and end.query()
+        end, wait = c.get("_end"), c.get("_wait")
+        return end is not None and end.query() and (wait is None or wait.query())
 
     def _write_ready(self, *, wait: bool = False) -> None:
         peak: list[int] = []  # read once per batch, on its first record without one
@@ -436,16 +436,20 @@ class StepTracker:
 
     def _finish_comm(self, c: dict[str, Any], step_start: Any) -> None:
         """Device-clock collectives: duration and times on the step's device timeline (anchored at its host start)."""
-        start, end = c.pop("_start", None), c.pop("_end", None)
+        start, end, wait = c.pop("_start", None), c.pop("_end", None), c.pop("_wait", None)
         c.pop("_on_wait", None)
         if start is None or end is None:
+            if wait is not None:
+                self.device_events.release(wait)
             return
         ev = self.device_events
         c["duration_s"] = max(0.0, ev.seconds(start, end))
         if step_start is not None:
             c["_rel_start"] = ev.seconds(step_start, start)
             c["_rel_end"] = ev.seconds(step_start, end)
-        ev.release(start, end)
+            if wait is not None:
+                c["_rel_wait"] = ev.seconds(step_start, wait)
+        ev.release(start, end, wait)
 
     def flush_pending(self) -> None:
         """Write every step still held (waits for device events; DDP's last step keeps hook-timed comm only)."""
@@ -472,9 +476,10 @@ def _wait_for(entry: dict[str, Any]) -> None:
 
 
 def _wait_comm(c: dict[str, Any]) -> None:
-    end = c.get("_end")
-    if end is not None:
-        end.synchronize()
+    for key in ("_end", "_wait"):
+        event = c.get(key)
+        if event is not None:
+            event.synchronize()
 
 
 def _own_spans(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
@@ -523,7 +528,9 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
       buffers before a forward): on the host clock, the time the training thread blocked in
       it (a synchronous call, or `Work.wait()`); on the device clock, a synchronous
       collective on the default stream holds that stream for its whole duration, one issued
-      on a side stream (FSDP2's) overlaps.
+      on a side stream (FSDP2's) overlaps, and an asynchronous one the script waits for
+      holds the stream from where it reached the wait (an event the wait records) to the
+      collective's end.
     `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
     blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
@@ -539,10 +546,13 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
         if c.get("duration_s") is None:
             continue
         shared = c["_s"]  # the fields every call of its kind has (`SharedFields`)
+        waited = None
         if device and "_rel_start" in c:
             s = record["t_start"] + c.pop("_rel_start")
             e = record["t_start"] + c.pop("_rel_end")
             c["t_start"], c["t_complete"] = s, e
+            if "_rel_wait" in c:  # where the compute stream reached the script's Work.wait()
+                waited = record["t_start"] + c.pop("_rel_wait")
         else:
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
@@ -555,6 +565,9 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
         elif device:
             if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
                 blocked.append((s, e))
+            elif waited is not None and e > waited:
+                # Asynchronous, then waited for: the stream idled from the wait to the collective's end.
+                blocked.append((waited, e))
         elif c["blocked_s"]:
             # A synchronous call blocks from its issue; an asynchronous one for its issuing call, then in
             # a wait() that blocks until the completion.
