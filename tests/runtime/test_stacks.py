@@ -134,6 +134,27 @@ def test_fsdp1_wrapped_by_the_script_is_measured_and_advised_in_its_own_terms(tm
     _assert_self_check(run)
 
 
+def test_tensor_parallel_collectives_through_functional_collectives_are_seen_and_waited_for(tmp_path):
+    # DTensor's redistributions call torch.distributed._functional_collectives (c10d's ops, not the
+    # torch.distributed functions): before they were wrapped the always-on side saw no communication and
+    # the self-check read -38 pp; the trace had counted their wait_tensor as compute.
+    width, blocks, batch = 256, 3, 32
+    run = _profile(tmp_path, "tp", "stack_tensor_parallel.py", extra=WINDOW)
+    _assert_steps_and_forward(run)
+    for rank in (0, 1):
+        # (the parameters' scatter and broadcast when parallelize_module distributes them come first: set-up)
+        comm = [c for c in read_jsonl(run.rank_file(rank, "comm")) if c["step"] >= WARMUP]
+        assert {(c["issuer"], c["collective"], c["async_op"]) for c in comm} == {("dtensor", "all_reduce", True)}
+        assert all(c["origin"].startswith("torch.distributed.tensor.") for c in comm)
+        assert all(0 < c["issue_s"] <= c["blocked_s"] for c in comm) and any(c["blocked_s"] > c["issue_s"] for c in comm)
+        # Each block's row-wise output (batch x width, fp32) is all-reduced in forward.
+        forward = _per_step_bytes(comm)
+        assert all(forward[s] >= blocks * batch * width * 4 for s in range(WARMUP, WARMUP + STEPS)), forward
+    a = analyze_run(run.path)
+    assert a.breakdown.phases_s["exposed_comm"] > 0
+    _assert_self_check(run)
+
+
 def test_compiled_fsdp2_blocks_trace_the_same_graphs_with_and_without_the_profiler(tmp_path):
     import subprocess
     import sys

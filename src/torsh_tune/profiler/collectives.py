@@ -101,6 +101,19 @@ _BINDINGS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "_broadcast_coalesced": ("tensors", ("process_group", "tensors", "buffer_size", "src"), "broadcast"),
 }
 
+# torch.distributed._functional_collectives (DTensor's redistributions, tensor parallelism, funcol in a
+# script): name -> the record's op. They call c10d's ops directly, never the functions above, and return
+# a tensor whose collective completes when `wait_tensor` is called on it (at first use).
+_FUNCTIONAL: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_gather_tensor": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+    "all_to_all_single": "all_to_all_single",
+    "broadcast": "broadcast",
+}
+
 # Caller module prefix -> issuer. The first frame outside torch.distributed's own c10d
 # plumbing and this module decides.
 _ISSUERS = (
@@ -127,7 +140,7 @@ _ISSUERS = (
 # Issuers whose calls are not recorded: our own (the teardown barrier), a wrapper's set-up.
 _NOT_RECORDED = frozenset({"torsh-tune", "setup"})
 _PLUMBING = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger", __name__, "functools",
-             "torch._dynamo", "torch.utils._contextlib")
+             "torch._dynamo", "torch.utils._contextlib", "torch.distributed._functional_collectives")
 
 
 @functools.lru_cache(maxsize=4096)  # module names: a framework's calls walk their callers at every call (`_via`)
@@ -242,6 +255,14 @@ def _nbytes_dtype(value: Any) -> tuple[int, Any]:
     return 0, None
 
 
+def _storage_key(tensor: Any) -> int:
+    """The data pointer of a tensor's storage: a functional collective's result and every view of it share it."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (a fake or meta tensor)
+        return id(tensor)
+
+
 class _GroupInfo:
     __slots__ = ("name", "ranks", "backend", "size", "nccl")
 
@@ -308,6 +329,7 @@ class CollectiveCapture:
             self.installed.append(name)
         self._replace("destroy_process_group", c10d.destroy_process_group, self._wrap_destroy(c10d.destroy_process_group))
         self._patch_wait()
+        self._install_functional()
 
     @staticmethod
     def _replace(name: str, original: Callable, wrapper: Callable) -> None:
@@ -357,6 +379,105 @@ class CollectiveCapture:
 
         wait._torsh_capture = True  # type: ignore[attr-defined]
         work_type.wait = wait
+
+    # -- functional collectives --------------------------------------------------------
+    def _install_functional(self) -> None:
+        """Wrap `torch.distributed._functional_collectives`' collectives and its `wait_tensor`.
+
+        DTensor (tensor parallelism, FSDP2's DTensor parameters when redistributed) looks them up on the
+        module at each call. A call is issued asynchronously; its record completes when `wait_tensor` is
+        called on its result (at the tensor's first use): on the host clock it completed by then (the time
+        the training thread waited in it is its exposed part), on the device clock at an event recorded
+        after that wait (the stream now waits for it), with one before it for where the stream reached it.
+        """
+        try:
+            import torch.distributed._functional_collectives as funcol
+        except ImportError:  # an older torch: nothing to wrap
+            return
+        pending: dict[int, dict[str, Any]] = {}  # the result's storage -> its record, until waited on
+        for name, op in _FUNCTIONAL.items():
+            original = getattr(funcol, name, None)
+            if original is None or getattr(original, "_torsh_capture", False):
+                continue
+            wrapper = self._wrap_functional(funcol, original, op, pending)
+            wrapper._torsh_capture = True  # type: ignore[attr-defined]
+            setattr(funcol, name, wrapper)
+            self.installed.append(f"functional.{name}")
+        original_wait = funcol.wait_tensor
+        if getattr(original_wait, "_torsh_capture", False):
+            return
+        tracker = self.tracker
+
+        @functools.wraps(original_wait)
+        def wait_tensor(tensor: Any) -> Any:
+            record = pending.pop(_storage_key(tensor), None) if pending else None
+            if record is None:
+                return original_wait(tensor)
+            device = "_start" in record
+            if device:
+                record["_wait"] = tracker.device_events.record()
+            t0 = now()
+            try:
+                return original_wait(tensor)
+            finally:
+                t1 = now()
+                record["blocked_s"] += t1 - t0
+                if device:
+                    record["_end"] = tracker.device_events.record()
+                else:
+                    record["t_complete"], record["duration_s"] = t1, t1 - record["t_issue"]
+                tracker.on_collective(record)
+
+        wait_tensor._torsh_capture = True  # type: ignore[attr-defined]
+        funcol.wait_tensor = wait_tensor
+
+    def _wrap_functional(self, funcol: Any, original: Callable, op: str, pending: dict[int, dict[str, Any]]) -> Callable:
+        params = list(inspect.signature(original).parameters)
+        i_group = params.index("group")
+        local, getframe = self._local, sys._getframe
+        gathers = op == "all_gather_into_tensor"
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if local.depth or traced() or flags._is_compiling_flag:
+                return original(*args, **kwargs)
+            issuer, origin = _caller_site(getframe(1))
+            if issuer in _NOT_RECORDED:
+                return original(*args, **kwargs)
+            tensor = args[0] if args else kwargs.get("self")
+            group = kwargs["group"] if "group" in kwargs else args[i_group] if len(args) > i_group else None
+            try:
+                pg = funcol._resolve_group(group, kwargs.get("tag", ""))
+                if isinstance(pg, str):
+                    pg = c10d._resolve_process_group(pg)
+            except Exception:  # noqa: BLE001 - what the call itself will refuse: let it say so
+                return original(*args, **kwargs)
+            info = self._group(pg)
+            nbytes = tensor.nbytes * (info.size if gathers else 1) if isinstance(tensor, torch.Tensor) else 0
+            record = self._begin(op, pg, nbytes, getattr(tensor, "dtype", None), issuer, True, origin)
+            local.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.depth = 0
+            t_return = now()
+            record["issue_s"] = t_return - record["t_issue"]
+            record["blocked_s"] = record["issue_s"]
+            elem = getattr(result, "elem", None)  # an AsyncCollectiveTensor: completes at its wait_tensor
+            if isinstance(elem, torch.Tensor) and not getattr(result, "completed", True):
+                pending[_storage_key(elem)] = record
+                if len(pending) > 4096:  # results nobody waited on: forget the oldest
+                    for key in list(pending)[:2048]:
+                        del pending[key]
+            else:  # already waited (a traced call, a gather that concatenated): done on return
+                if "_start" in record:
+                    record["_end"] = self.tracker.device_events.record()
+                else:
+                    record["t_complete"], record["duration_s"] = t_return, t_return - record["t_issue"]
+                self.tracker.on_collective(record)
+            return result
+
+        return collective
 
     def _wrap(self, name: str, original: Callable, size_arg: str | None, *, params: tuple[str, ...] | None = None,
               op: str | None = None) -> Callable:

@@ -327,12 +327,15 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated)
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
     is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))
+    # An operator that blocks until a collective finishes (a functional collective's `wait_tensor`, at a
+    # DTensor's first use) is the step waiting for communication, not compute.
+    is_comm = is_comm_issue | np.isin(names_all[main], symbols.ids_matching(patterns.comm_waits))
     rows = np.concatenate([main, worker])
     s = ev["ts_us"][rows]
     e = s + ev["dur_us"][rows]
     steps = step_spans(ev, symbols)
     e[main.size:] = gloo_span_ends(trace, symbols, patterns, worker, tid=tid, steps=steps)
-    kind = np.concatenate([np.where(is_comm_issue, COMMUNICATION, COMPUTATION).astype(np.int8),
+    kind = np.concatenate([np.where(is_comm, COMMUNICATION, COMPUTATION).astype(np.int8),
                            np.full(worker.size, COMMUNICATION, dtype=np.int8)])
     if len(steps):
         window = (float(steps["start_us"].min()), float(steps["end_us"].max()))
@@ -347,7 +350,7 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     scoped = _scope_waits(ev, symbols, patterns, tid, ms, me)
     marks = ev["ts_us"][on_main]
     waits = _synchronous_waits(ms, me, is_comm_issue, e[main.size:], marks, steps["start_us"])
-    main_comm = tuple(np.concatenate([x[is_comm_issue], y, z]) for x, y, z in zip((ms, me), scoped, waits))
+    main_comm = tuple(np.concatenate([x[is_comm], y, z]) for x, y, z in zip((ms, me), scoped, waits))
     n = waits[0].size
     names = np.concatenate([names_all[rows], np.full(n, symbols.intern(MAIN_THREAD_WAIT), dtype=names_all.dtype)])
     rows = np.concatenate([rows, np.full(n, -1, dtype=rows.dtype)])
