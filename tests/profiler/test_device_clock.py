@@ -75,6 +75,14 @@ def test_an_engines_waited_async_all_reduces_are_device_time_and_expose_what_the
     assert all(0 <= s["exposed_comm_s"] <= s["step_s"] for s in steps)
 
 
+def test_tensor_parallel_functional_collectives_are_device_time(tmp_path):
+    run = _profile(tmp_path, "tp", SCRIPTS / "stack_tensor_parallel.py", "--width", "1024")
+    comm = [c for c in read_jsonl(run.rank_file(0, "comm")) if c["step"] >= WARMUP]
+    assert comm and {(c["issuer"], c["collective"], c["clock"]) for c in comm} == {("dtensor", "all_reduce", "device")}
+    assert all(c["duration_s"] >= 0 and c["t_complete"] >= c["t_start"] for c in comm)
+    assert not any(k.startswith("_") for c in comm for k in c)
+
+
 def test_two_ranks_share_the_gpu_over_gloo_with_cuda_tensors(tmp_path):
     run = _profile(tmp_path, "gloo", EXAMPLES / "ddp_mlp.py", "--hidden", "512", "--steps", "100000",
                    "--log-every", "100000", nproc=2, backend="gloo")
