@@ -447,7 +447,9 @@ class CollectiveCapture:
             tensor = args[0] if args else kwargs.get("self")
             group = kwargs["group"] if "group" in kwargs else args[i_group] if len(args) > i_group else None
             try:
-                pg = funcol._resolve_group(group, kwargs.get("tag", ""))
+                # A list of ranks (deprecated: funcol warns about it) resolved without a second warning of ours.
+                pg = (c10d._resolve_group_name_by_ranks_and_tag(group, kwargs.get("tag", ""))
+                      if isinstance(group, list) else funcol._resolve_group(group, kwargs.get("tag", "")))
                 if isinstance(pg, str):
                     pg = c10d._resolve_process_group(pg)
             except Exception:  # noqa: BLE001 - what the call itself will refuse: let it say so
