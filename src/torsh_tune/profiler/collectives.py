@@ -313,6 +313,13 @@ class CollectiveCapture:
 
     # -- installation -------------------------------------------------------------------
     def install(self) -> None:
+        # Imported before c10d's functions are wrapped: it keeps references to them ("legacy" collectives)
+        # that Dynamo rewrites into traceable ones; taken after, they would be our wrappers and a compiled
+        # dist.all_reduce would be traced into c10d's Python instead.
+        try:
+            import torch.distributed._functional_collectives  # noqa: F401
+        except ImportError:
+            pass
         for name, size_arg in _SIZE_ARG.items():
             original = getattr(c10d, name, None)
             if original is None or getattr(original, "_torsh_capture", False):
@@ -439,7 +446,9 @@ class CollectiveCapture:
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if local.depth or traced() or flags._is_compiling_flag:
+            # Dynamo rewrites a traced dist.all_reduce into these functions: under tracing, nothing but the
+            # original (it folds traced() to True before reading anything else).
+            if traced() or flags._is_compiling_flag or local.depth:
                 return original(*args, **kwargs)
             issuer, origin = _caller_site(getframe(1))
             if issuer in _NOT_RECORDED:
