@@ -499,6 +499,20 @@ def test_an_engine_that_already_overlaps_its_collectives_is_told_what_is_left(co
     assert rec.title == "Average gradients with DDP instead of blocking all-reduces after backward"
 
 
+def test_tensor_parallelisms_collectives_are_advised_as_activations_not_gradients():
+    kind = "dtensor all_reduce"
+    evidence = {"exposed_comm_pct": 35.0, "attributable_comm_pct": 35.0, "overlap_pct": 10.0,
+                "backward_compute_pct": 20.0, "step_s": 0.026, "backward_compute_s": 0.005,
+                "comm_s_by_kind": {kind: 0.0105}, "comm_blocked_s_by_kind": {kind: 0.0094},
+                "comm_async_share_by_kind": {kind: 1.0}}
+    meta = {0: {"collectives": {"dtensor": {"count": 5, "bytes": 1 << 20}}}}
+    (rec,) = recommend([Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                                   evidence=evidence)], meta=meta, world_size=2)
+    assert rec.title == "Take tensor parallelism's collectives off the critical path"
+    assert "waits 9.4 ms per step" in rec.rationale and "SequenceParallel" in rec.rationale
+    assert "gradients in bf16" not in rec.rationale and rec.expected_gain.high_pct == pytest.approx(35.0)
+
+
 @pytest.mark.parametrize(("built_by", "key", "value", "where"), [
     ("user", "bucket_cap_mb", 5.0, "DistributedDataParallel(model, ..., bucket_cap_mb=5.0)"),
     ("transformers", "bucket_cap_mb", 5.0, "TrainingArguments(ddp_bucket_cap_mb=5.0)"),

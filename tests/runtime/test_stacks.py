@@ -152,6 +152,8 @@ def test_tensor_parallel_collectives_through_functional_collectives_are_seen_and
         assert all(forward[s] >= blocks * batch * width * 4 for s in range(WARMUP, WARMUP + STEPS)), forward
     a = analyze_run(run.path)
     assert a.breakdown.phases_s["exposed_comm"] > 0
+    recs = [r for r in a.recommendations if r.category == "communication"]
+    assert not recs or recs[0].title == "Take tensor parallelism's collectives off the critical path"
     _assert_self_check(run)
 
 

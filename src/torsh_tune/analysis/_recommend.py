@@ -544,6 +544,8 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         first = (f"the reduce-scatters take longest: they end the backward, so reduce them in bf16 ({bf16}) or "
                  f"{fewer}; the all-gathers: " if scatters > gathers else "")
         why = f"FSDP's collectives are exposed{spent}: {first}{prefetch}, {keep}, or {fewer}"
+    elif issuer == "dtensor":
+        return [_tensor_parallel(e, ev, spent), *_framework_syncs(ev, e)]
     else:
         called = [o for k, origins in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith(f"{issuer} ")
                   for o in origins]
@@ -562,6 +564,22 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         {}, _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %"),
         "medium",
     ), *_framework_syncs(ev, e)]
+
+
+def _tensor_parallel(e: float, ev: dict[str, Any], spent: str) -> Recommendation:
+    """Exposed communication of DTensor's redistributions (tensor parallelism): activations, not gradients,
+    each needed by the next operation, so nothing overlaps them on its own."""
+    waited = sum(float(v) for k, v in (ev.get("comm_blocked_s_by_kind") or {}).items() if k.startswith("dtensor "))
+    wait = f"; the training thread waits {1e3 * waited:.3g} ms per step for them" if waited else ""
+    why = (f"the collectives come from DTensor's redistributions (tensor parallelism{spent}){wait}: each block's "
+           "partial output is reduced before the next one can use it, so they sit on the critical path. Give "
+           "tensor parallelism fewer ranks and shard the rest with FSDP2 (a 2-D mesh: smaller all-reduces), keep "
+           "its group on a node's fastest links, use SequenceParallel between blocks (a reduce-scatter and an "
+           "all-gather of the activations' shards instead of an all-reduce), or compile with async tensor "
+           "parallelism (torch._inductor.config._micro_pipeline_tp) to overlap them with the matmuls")
+    return _rec("communication", "Take tensor parallelism's collectives off the critical path",
+                f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
+                {}, _gain(0.0, e, f"exposed comm {e:.1f} % of the step, at most all of it"), "medium")
 
 
 def _overlapped_engine(e: float, bwd: float, ev: dict[str, Any], issuer: str, where: str,
