@@ -286,7 +286,7 @@ def main() -> int:
         run("fsdp2 by the script, 1 rank, nccl", "fsdp2-nccl",
             SCRIPTS / "stack_fsdp2.py", ["--width", "1024", "--batch-size", "128"],
             nproc=1, backend="nccl", window="20:5")
-        # An engine's own async all-reduces waited for before the optimizer step: the wait's event on the device.
+        # An engine's own async all-reduces waited for before the optimizer step, on the device clock.
         run("overlap engine, 1 rank, nccl", "engine-nccl", SCRIPTS / "stack_overlap_engine.py",
             ["--width", "2048", "--batch-size", "256"], nproc=1, backend="nccl", window="20:5")
         run("ddp, 2 ranks on 1 gpu, gloo", "ddp-gloo-cuda", REPO / "examples" / "ddp_mlp.py",

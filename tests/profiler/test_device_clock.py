@@ -63,11 +63,12 @@ def test_a_hand_written_nccl_all_reduce_is_timed_on_the_device(tmp_path):
     assert {s["clock"] for s in steps} == {"device"}
 
 
-def test_an_engines_waited_async_all_reduces_are_device_time_and_expose_what_the_stream_waited(tmp_path):
+def test_an_engines_async_all_reduces_are_device_time(tmp_path):
+    # (Their wait is not timed on the stream yet: the records go to the tracker from NCCL's future callback.)
     run = _profile(tmp_path, "engine", SCRIPTS / "stack_overlap_engine.py", "--width", "1024")
     comm = read_jsonl(run.rank_file(0, "comm"))
     assert comm and {(c["issuer"], c["clock"], c["async_op"]) for c in comm} == {("user", "device", True)}
-    # Device times on the step's device timeline; the wait's event resolved and gone from the record.
+    # Device times on the step's device timeline, no event left in the records.
     assert all(c["duration_s"] >= 0 and c["t_complete"] >= c["t_start"] for c in comm)
     assert not any(k.startswith("_") for c in comm for k in c)
     steps = [s for s in read_jsonl(run.rank_file(0, "steps")) if not s["warmup"]]
@@ -81,6 +82,9 @@ def test_tensor_parallel_functional_collectives_are_device_time(tmp_path):
     assert comm and {(c["issuer"], c["collective"], c["clock"]) for c in comm} == {("dtensor", "all_reduce", "device")}
     assert all(c["duration_s"] >= 0 and c["t_complete"] >= c["t_start"] for c in comm)
     assert not any(k.startswith("_") for c in comm for k in c)
+    # The stream reached each wait_tensor before its collective ended or after: never a negative exposure.
+    steps = [s for s in read_jsonl(run.rank_file(0, "steps")) if not s["warmup"]]
+    assert all(0 <= s["exposed_comm_s"] <= s["step_s"] for s in steps)
 
 
 def test_two_ranks_share_the_gpu_over_gloo_with_cuda_tensors(tmp_path):

@@ -369,11 +369,6 @@ class CollectiveCapture:
             record = works.pop(id(work), None)
             if record is None or torch.compiler.is_compiling():
                 return original(work, *args, **kwargs)
-            if "_start" in record and "_wait" not in record:
-                # Device clock: NCCL's wait() makes the current stream wait for the collective. An event
-                # recorded here completes when that stream reached the wait: from then until the
-                # collective's end the stream idles (the exposed part, on the device's timeline).
-                record["_wait"] = tracker.device_events.record()
             t0 = now()
             try:
                 return original(work, *args, **kwargs)
@@ -417,7 +412,10 @@ class CollectiveCapture:
 
         @functools.wraps(original_wait)
         def wait_tensor(tensor: Any) -> Any:
-            record = pending.pop(_storage_key(tensor), None) if pending else None
+            # Under Dynamo (a compiled region's wait) nothing but the original: it folds traced() to True.
+            if traced() or flags._is_compiling_flag or not pending:
+                return original_wait(tensor)
+            record = pending.pop(_storage_key(tensor), None)
             if record is None:
                 return original_wait(tensor)
             device = "_start" in record

@@ -528,9 +528,9 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
       buffers before a forward): on the host clock, the time the training thread blocked in
       it (a synchronous call, or `Work.wait()`); on the device clock, a synchronous
       collective on the default stream holds that stream for its whole duration, one issued
-      on a side stream (FSDP2's) overlaps, and an asynchronous one the script waits for
-      holds the stream from where it reached the wait (an event the wait records) to the
-      collective's end.
+      on a side stream (FSDP2's) overlaps, and one whose wait was timed on the stream (a
+      functional collective's `wait_tensor`: `_rel_wait`) holds it from where it reached
+      the wait to the collective's end.
     `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
     blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
