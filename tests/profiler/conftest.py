@@ -7,10 +7,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.distributed.distributed_c10d as c10d
 
 from torsh_tune.profiler import CollectiveCapture, StepTracker
-from torsh_tune.profiler.collectives import _BINDINGS, _SIZE_ARG
+from torsh_tune.profiler.collectives import _BINDINGS, _FUNCTIONAL, _SIZE_ARG
 
 
 @pytest.fixture
@@ -21,6 +22,8 @@ def capture():
     """
     names = [*_SIZE_ARG, *_BINDINGS, "destroy_process_group"]
     saved = {(module, name): getattr(module, name) for module in (c10d, dist) for name in names if hasattr(module, name)}
+    saved.update({(funcol, name): getattr(funcol, name) for name in [*_FUNCTIONAL, "wait_tensor"]
+                  if hasattr(funcol, name)})
     work_wait = torch._C._distributed_c10d.Work.wait
     tracker = StepTracker(rank=0, writer=None, warmup_steps=0, loss_every=1)
     cap = CollectiveCapture(tracker, rank=0)

@@ -142,6 +142,24 @@ def test_the_time_blocked_in_work_wait_is_the_async_collectives(capture):
     assert sync_record["blocked_s"] == sync_record["duration_s"] > 0 and not sync_record["async_op"]
 
 
+def test_a_functional_collective_completes_at_its_wait_tensor(capture):
+    import torch.distributed._functional_collectives as funcol
+
+    cap, tracker = capture
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    y = funcol.all_reduce(torch.ones(1000), "sum", dist.group.WORLD)
+    assert list(tracker.comm_done) == []  # in flight until the result is used
+    z = funcol.all_gather_single(torch.ones(10), 0, dist.group.WORLD)
+    assert (y + 1).sum().item() == 2000.0  # first use: wait_tensor
+    z.sum().item()
+    reduce, gather = sorted(_completed(tracker, 2), key=lambda r: r["seq"])
+    assert (reduce["collective"], reduce["async_op"], reduce["bytes"], reduce["backend"]) == ("all_reduce", True, 4000,
+                                                                                              "gloo")
+    assert 0 < reduce["issue_s"] <= reduce["blocked_s"] and reduce["duration_s"] >= reduce["blocked_s"] - reduce["issue_s"]
+    assert (gather["collective"], gather["bytes"]) == ("all_gather_into_tensor", 40)  # the gathered buffer
+    assert cap.installed[-1].startswith("functional.")
+
+
 @pytest.mark.parametrize(
     ("module", "issuer"),
     [
