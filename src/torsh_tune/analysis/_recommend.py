@@ -606,8 +606,9 @@ def _overlapped_engine(e: float, bwd: float, ev: dict[str, Any], issuer: str, wh
     else:
         title = "Shorten the tail of the engine's overlapped collectives"
         why = (f"{what}; they fit in the backward compute ({1e3 * bwd_s:.3g} ms), so what stays exposed is the tail: "
-               "the buckets issued when backward ends. Make the buckets smaller (the last one issued above all: "
-               "DDP's first bucket is 1 MiB for this reason) and issue each as soon as its gradients are ready")
+               "the buckets issued when backward ends. Make the buckets smaller, the last one issued above all (it "
+               "holds the first layers' gradients and nothing computes under it), and issue each as soon as its "
+               "gradients are ready")
         gain = _gain(0.0, min(e, bwd), f"exposed comm {e:.1f} % hidable at most behind backward compute {bwd:.1f} %")
     return _rec("communication", title,
                 f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",

@@ -551,7 +551,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             s = record["t_start"] + c.pop("_rel_start")
             e = record["t_start"] + c.pop("_rel_end")
             c["t_start"], c["t_complete"] = s, e
-            if "_rel_wait" in c:  # where the compute stream reached the script's Work.wait()
+            if "_rel_wait" in c:  # where the compute stream reached the collective's wait (funcol's wait_tensor)
                 waited = record["t_start"] + c.pop("_rel_wait")
         else:
             s = c["t_issue"]
@@ -566,7 +566,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
                 blocked.append((s, e))
             elif waited is not None and e > waited:
-                # Asynchronous, then waited for: the stream idled from the wait to the collective's end.
+                # Waited for on the stream: it idled from the wait to the collective's end.
                 blocked.append((waited, e))
         elif c["blocked_s"]:
             # A synchronous call blocks from its issue; an asynchronous one for its issuing call, then in
