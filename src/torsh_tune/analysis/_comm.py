@@ -147,7 +147,7 @@ def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, An
         # Asynchronous collectives in flight together: each one's time counts from its issue or the
         # rank's previous completion, whichever is later (`service_s`), so queued ones are not summed twice.
         g = g.assign(time_s=g["service_s"].fillna(g["duration_s"]),
-                     blocked_s=pd.to_numeric(g.get("blocked_s"), errors="coerce") if "blocked_s" in g else np.nan)
+                     blocked_s=pd.to_numeric(g["blocked_s"], errors="coerce") if "blocked_s" in g else np.nan)
         per_rank = g.groupby(["step", "rank"]).agg(count=("seq", "size"), bytes=("bytes", "sum"),
                                                    time_s=("time_s", "sum"), blocked_s=("blocked_s", "sum"))
         # A rank without this kind in a step had none of it: 0, not a missing value.

@@ -469,21 +469,15 @@ class CollectiveCapture:
                 result = original(*args, **kwargs)
             finally:
                 local.depth = 0
-            t_return = now()
-            record["issue_s"] = t_return - record["t_issue"]
-            record["blocked_s"] = record["issue_s"]
             elem = getattr(result, "elem", None)  # an AsyncCollectiveTensor: completes at its wait_tensor
             if isinstance(elem, torch.Tensor) and not getattr(result, "completed", True):
+                record["issue_s"] = record["blocked_s"] = now() - record["t_issue"]
                 pending[_storage_key(elem)] = record
                 if len(pending) > 4096:  # results nobody waited on: forget the oldest
                     for key in list(pending)[:2048]:
                         del pending[key]
-            else:  # already waited (a traced call, a gather that concatenated): done on return
-                if "_start" in record:
-                    record["_end"] = self.tracker.device_events.record()
-                else:
-                    record["t_complete"], record["duration_s"] = t_return, t_return - record["t_issue"]
-                self.tracker.on_collective(record)
+            else:  # already waited (a gather that concatenated): done on return, as a synchronous call
+                self._end(record, None)
             return result
 
         return collective
