@@ -202,16 +202,27 @@ def _step(**fields) -> dict:
 
 def test_ddp_buckets_expose_what_runs_after_the_last_bucket_is_issued():
     comm = [_comm(11.25, 11.75, issuer="ddp", async_op=True, hook="allreduce"),
-            _comm(11.5, 12.25, issuer="ddp", async_op=True, hook="allreduce")]
+            _comm(11.5, 12.0, issuer="ddp", async_op=True, hook="allreduce")]
     total, exposed, in_phase = _comm_times(comm, [], _step(), PHASES, 0.0)
-    assert (total, exposed, in_phase) == (1.0, 0.75, {"forward": 0.0, "backward": 0.75, "optimizer": 0.0})
+    assert (total, exposed, in_phase) == (0.75, 0.5, {"forward": 0.0, "backward": 0.5, "optimizer": 0.0})
     # DDP's synchronous broadcast of its buffers before the forward is no bucket's: it blocks the forward.
     buffers = _comm(10.25, 10.5, issuer="ddp", blocked_s=0.25)
     total, exposed, in_phase = _comm_times([buffers, *comm], [], _step(), PHASES, 0.0)
-    assert (total, exposed, in_phase) == (1.25, 1.0, {"forward": 0.25, "backward": 0.75, "optimizer": 0.0})
+    assert (total, exposed, in_phase) == (1.0, 0.75, {"forward": 0.25, "backward": 0.5, "optimizer": 0.0})
     # Never more than the backward it lies in.
-    total, exposed, in_phase = _comm_times(comm, [], _step(backward_s=0.5), PHASES, 0.0)
-    assert (exposed, in_phase["backward"]) == (0.5, 0.5)
+    total, exposed, in_phase = _comm_times(comm, [], _step(backward_s=0.25), PHASES, 0.0)
+    assert (exposed, in_phase["backward"]) == (0.25, 0.25)
+
+
+def test_ddp_buckets_issuing_calls_are_exposed_and_none_completes_after_its_backward():
+    # The first bucket's issuing call held the training thread 0.125 s; the last one's lies in the tail.
+    first = _comm(11.25, 11.75, issuer="ddp", async_op=True, hook="allreduce", blocked_s=0.125, issue_s=0.125)
+    # Its future's callback ran after the backward returned (the gloo worker woke the training thread
+    # first): the reducer had waited for it, so it completed by the backward's end.
+    last = _comm(11.5, 12.25, issuer="ddp", async_op=True, hook="allreduce", blocked_s=0.0625, issue_s=0.0625)
+    total, exposed, in_phase = _comm_times([first, last], [], _step(), PHASES, 0.0)
+    assert (total, exposed, in_phase) == (0.75, 0.625, {"forward": 0.0, "backward": 0.625, "optimizer": 0.0})
+    assert (last["t_complete"], last["duration_s"]) == (12.0, 0.5) and first["t_complete"] == 11.75
 
 
 def test_the_reducers_builtin_record_counts_its_timers_exposure_only():

@@ -20,9 +20,10 @@ from helpers import SCRIPTS, read_jsonl, run_cli
 STEPS, WARMUP = 12, 3
 
 
-def _profile(tmp_path, name: str, script: str, *script_args: str, extra: tuple[str, ...] = (), timeout: float = 300):
+def _profile(tmp_path, name: str, script: str, *script_args: str, extra: tuple[str, ...] = (), timeout: float = 300,
+             steps: int = STEPS):
     runs = tmp_path / "runs"
-    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", str(STEPS), "--warmup-steps", str(WARMUP),
+    proc = run_cli("profile", "--nproc-per-node", "2", "--steps", str(steps), "--warmup-steps", str(WARMUP),
                    "--quiet", *extra, "--runs-dir", str(runs), "--run-name", name, str(SCRIPTS / script),
                    *script_args, timeout=timeout, env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -40,11 +41,11 @@ def _per_step_bytes(comm: list[dict], *, collective: str | None = None, issuer: 
     return out
 
 
-def _assert_steps_and_forward(run: RunDir) -> list[list[dict]]:
+def _assert_steps_and_forward(run: RunDir, num_steps: int = STEPS) -> list[list[dict]]:
     per_rank = []
     for rank in (0, 1):
         steps = read_jsonl(run.rank_file(rank, "steps"))
-        assert [s["step"] for s in steps] == list(range(STEPS + WARMUP))
+        assert [s["step"] for s in steps] == list(range(num_steps + WARMUP))
         measured = [s for s in steps if not s["warmup"]]
         assert all(s["forward_s"] > 0 and s["samples"] > 0 and s["clock"] == "host" for s in measured)
         per_rank.append(steps)
@@ -63,6 +64,11 @@ def _assert_steps_and_forward(run: RunDir) -> list[list[dict]]:
 # division, are the always-on side's other), comm reached +7.7 and compute -5.3.
 SELF_CHECK_PP = 5.0
 WINDOW = ("--trace-window", f"{WARMUP + 2}:6")
+# Twelve traced steps for the stacks whose training thread shares the 2 cores with gloo's workers
+# mid-step (compiled DDP's buckets, tensor parallelism's all-reduces inside forward): one lost core
+# for a few ms moves a 6-step window's shares by 2-3 pp one way or the other.
+LONG_STEPS = 20
+LONG_WINDOW = ("--trace-window", f"{WARMUP + 2}:12")
 
 
 def _assert_self_check(run: RunDir, limit_pp: float = SELF_CHECK_PP) -> None:
@@ -139,8 +145,8 @@ def test_tensor_parallel_collectives_through_functional_collectives_are_seen_and
     # torch.distributed functions): before they were wrapped the always-on side saw no communication and
     # the self-check read -38 pp; the trace had counted their wait_tensor as compute.
     width, blocks, batch = 256, 3, 32
-    run = _profile(tmp_path, "tp", "stack_tensor_parallel.py", extra=WINDOW)
-    _assert_steps_and_forward(run)
+    run = _profile(tmp_path, "tp", "stack_tensor_parallel.py", extra=LONG_WINDOW, steps=LONG_STEPS)
+    _assert_steps_and_forward(run, LONG_STEPS)
     for rank in (0, 1):
         # (the parameters' scatter and broadcast when parallelize_module distributes them come first: set-up)
         comm = [c for c in read_jsonl(run.rank_file(rank, "comm")) if c["step"] >= WARMUP]
@@ -149,13 +155,18 @@ def test_tensor_parallel_collectives_through_functional_collectives_are_seen_and
         assert all(0 < c["issue_s"] <= c["blocked_s"] for c in comm) and any(c["blocked_s"] > c["issue_s"] for c in comm)
         # Each block's row-wise output (batch x width, fp32) is all-reduced in forward.
         forward = _per_step_bytes(comm)
-        assert all(forward[s] >= blocks * batch * width * 4 for s in range(WARMUP, WARMUP + STEPS)), forward
+        assert all(forward[s] >= blocks * batch * width * 4 for s in range(WARMUP, WARMUP + LONG_STEPS)), forward
     a = analyze_run(run.path)
     assert a.breakdown.phases_s["exposed_comm"] > 0
     recs = [r for r in a.recommendations if r.category == "communication"]
     assert recs and recs[0].title == "Take tensor parallelism's collectives off the critical path"
-    # Measured 2026-11-28: within 3.7 pp alone, compute -5.1 pp once inside the full suite (2 cores shared).
-    _assert_self_check(run, limit_pp=7.5)
+    # Measured 2026-11-28 with 6 traced steps: compute -3.7 to -4.3, comm and exposed comm +3.1 to +3.9 alone,
+    # compute -5.1 once inside the full suite. Most of it was the functional collectives' own operators
+    # around c10d's (their output's clone, the async result's wrapping: ~0.25 ms per call), which the
+    # always-on side times as the issuing call and the trace had counted as compute; with those counted as
+    # communication and 12 traced steps, three runs read compute -0.9 to -1.2, comm +1.6 to +2.1, exposed
+    # comm +0.5 to +1.0 pp.
+    _assert_self_check(run)
 
 
 def test_compiled_fsdp2_blocks_trace_the_same_graphs_with_and_without_the_profiler(tmp_path):
@@ -260,28 +271,35 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
     # between buckets and their copy back as communication; one default run read comm +7.3 pp against
     # the trace) and a trace window: neither changes Dynamo's graphs.
     run = _profile(tmp_path, "compiled", "stack_compile_ddp.py", "--steps", "1000",
-                   extra=("--comm-hook-timing", *WINDOW))
+                   extra=("--comm-hook-timing", *LONG_WINDOW), steps=LONG_STEPS)
     with_profiler = _dynamo_line(run.logs.joinpath("rank00000.log").read_text())
     assert without["unique_graphs"] > 0  # Dynamo did capture the model: the comparison means something
     for key in ("unique_graphs", "graph_breaks", "recompiles", "calls_captured"):
         assert with_profiler[key] == without[key], (key, with_profiler, without)
     assert with_profiler["torsh_warnings"] == [] and with_profiler["graph_break_reasons"] == without["graph_break_reasons"]
     # The compiled module is probed from outside the graph: forwards and samples are still measured.
-    _assert_steps_and_forward(run)
+    _assert_steps_and_forward(run, LONG_STEPS)
     meta = json.loads(run.rank_file(0, "meta").read_text())
     assert meta["probed_modules"] == ["OptimizedModule"]
     # Every optimizer step all-reduces the model's gradients, bucket by bucket (the DDPOptimizer's subgraphs).
     for rank in (0, 1):
         comm = read_jsonl(run.rank_file(rank, "comm"))
         ddp = _per_step_bytes(comm, collective="all_reduce", issuer="ddp")
-        assert set(ddp) == set(range(STEPS + WARMUP)) and set(ddp.values()) == {meta["ddp"]["param_bytes"]}, ddp
+        assert set(ddp) == set(range(LONG_STEPS + WARMUP)) and set(ddp.values()) == {meta["ddp"]["param_bytes"]}, ddp
         assert len({c["bucket"] for c in comm}) >= 3
-    # Measured 2026-11-28, 2 ranks on 2 cores, largest |difference| of compute, comm and exposed comm in
-    # eleven runs: 4.0, 4.0, 5.2, 2.4, 1.9, 2.0, 1.2, 2.2, 2.9, 4.0, 4.8 pp (exposed comm below the trace's).
-    # Where they differ the training thread stalls inside AccumulateGrad mid-backward, right after it
-    # launched a bucket, until a gloo worker finished (`_synchronous_waits`: on 2 cores the worker holds
-    # the core): the trace counts a wait, the always-on side backward compute.
-    _assert_self_check(run, limit_pp=7.5)
+        # Each bucket's issuing call held the training thread (it counts as exposed where it was issued),
+        # and no bucket completed after the backward that waited for it returned.
+        assert all(c["issue_s"] > 0 and c["blocked_s"] == c["issue_s"] for c in comm
+                   if c["issuer"] == "ddp" and c["collective"] == "all_reduce")
+    # Measured 2026-11-28, 2 ranks on 2 cores, largest |difference| of compute, comm and exposed comm with 6
+    # traced steps in eleven runs: 4.0, 4.0, 5.2, 2.4, 1.9, 2.0, 1.2, 2.2, 2.9, 4.0, 4.8 pp (exposed comm
+    # below the trace's). The issuing calls of the buckets (one took 4.4 ms on a busy host) counted as
+    # compute, and a bucket's completion, recorded in its future's callback after gloo had woken the
+    # training thread, landed past the backward. With both mended and 12 traced steps, nine runs: at most
+    # 2.0, 1.9, 3.7, 1.6, 2.0, 1.9, 3.7, 0.7, 1.6 pp. What is left is one core lost mid-step: a reducer
+    # copy of 20 us that takes 4.5 ms while the last bucket runs (the trace counts it as compute, the
+    # always-on side as the tail's wait).
+    _assert_self_check(run)
 
 
 @pytest.mark.parametrize("script", ["stack_hf_trainer.py", "stack_accelerate.py", "stack_lightning.py"])

@@ -754,7 +754,11 @@ class CollectiveCapture:
             on_collective(record)
             return buf
 
-        return pg.allreduce([buf]).get_future().then(done)
+        work = pg.allreduce([buf])
+        # The issuing call held the training thread (gloo enqueues, checks and copies there; on a busy host
+        # the thread may lose its core to a worker mid-call: ms). Set before `then`, which may run `done` now.
+        record["issue_s"] = record["blocked_s"] = now() - record["t_issue"]
+        return work.get_future().then(done)
 
 
 class _CallState(threading.local):

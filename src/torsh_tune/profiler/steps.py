@@ -523,7 +523,8 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     - DDP buckets (the records of a comm hook) are launched in index order once their
       gradients are ready, so the last issue is when backward compute ended; whatever runs
       after it is exposed (the reducer's timers say the same for the builtin all-reduce). It
-      lies inside the backward.
+      lies inside the backward. So does each earlier bucket's issuing call (`issue_s`): the
+      training thread was in it, not computing.
     - Any other collective (FSDP, pipeline, a script's own call, DDP's broadcast of its
       buffers before a forward): on the host clock, the time the training thread blocked in
       it (a synchronous call, or `Work.wait()`); on the device clock, a synchronous
@@ -541,6 +542,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     device = record["clock"] == "device"
     spans: list[tuple[float, float]] = []
     ddp: list[tuple[float, float]] = []
+    ddp_issues: list[tuple[float, float]] = []
     blocked: list[tuple[float, float]] = []
     for c in comm:
         if c.get("duration_s") is None:
@@ -556,12 +558,16 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
         else:
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
-        spans.append((s, e))
         hook = shared.get("hook")
+        if hook is not None and not device and hook != "builtin":
+            e = _bounded_by_backward(c, s, e, phases)
+        spans.append((s, e))
         if hook == "builtin":
             continue  # the reducer's one record per step: its exposure is `ddp_exposed` (comm end - compute end)
         if hook is not None:  # a DDP bucket's, from a comm hook
             ddp.append((s, e))
+            if c.get("issue_s"):  # the training thread's time in the issuing call
+                ddp_issues.append((s, s + c["issue_s"]))
         elif device:
             if shared["clock"] == "device" and shared.get("stream") == "default" and not shared["async_op"]:
                 blocked.append((s, e))
@@ -590,7 +596,11 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     in_phase = dict.fromkeys(_PHASES, 0.0)
     ddp_s = ddp_exposed
     if ddp:
-        ddp_s = max(ddp_s, max(e for _, e in ddp) - max(s for s, _ in ddp))
+        last_issue = max(s for s, _ in ddp)
+        ddp_s = max(ddp_s, max(e for _, e in ddp) - last_issue)
+        # The earlier buckets' issuing calls held the thread before the last issue (the last one's lies in
+        # the tail just counted).
+        blocked += [(s, min(e, last_issue)) for s, e in ddp_issues if s < last_issue]
     if record["backward_s"]:
         ddp_s = min(ddp_s, record["backward_s"])
     in_phase["backward"] += ddp_s
@@ -600,6 +610,24 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     if record["step_s"] > 0:
         exposed = min(exposed, record["step_s"])
     return total, max(0.0, exposed), in_phase
+
+
+def _bounded_by_backward(c: dict[str, Any], s: float, e: float, phases: list[tuple[str, float, float]]) -> float:
+    """A DDP bucket's host-clock completion, at the latest when the backward that issued it returned.
+
+    Its record completes in its future's callback, which the gloo worker runs after waking the
+    training thread; on a busy host the woken thread often takes the core first and the callback
+    runs milliseconds later, past the backward. But the reducer's finalize waited for every bucket
+    and copied its result before `backward()` returned: the bucket had completed by then. The
+    record is corrected in place (as the trace analysis bounds gloo's spans by the reducer's copies).
+    """
+    for phase, p0, p1 in phases:
+        if phase == "backward" and p0 <= s <= p1:
+            if e > p1:
+                e = c["t_complete"] = p1
+                c["duration_s"] = p1 - s
+            break
+    return e
 
 
 def _split_over_phases(blocked: list[tuple[float, float]], phases: list[tuple[str, float, float]],

@@ -102,3 +102,25 @@ def _wait_id(a) -> int:
     tl = a.timelines[0]
     (wait_id,) = {int(i) for i in tl.name_id[tl.rows == -1]}
     return wait_id
+
+
+def test_a_functional_collectives_own_operators_and_its_wait_tensor_are_communication(tmp_path):
+    """DTensor's all-reduce through `_functional_collectives`: the functional op allocates and copies the
+    output around the c10d op it issues, then wraps the async result; `wait_tensor` at the result's
+    first use blocks until the gloo worker is done. All of it is the training thread's communication
+    (the always-on side times the functional call and its wait); the matmuls around it are compute."""
+    ev = [_ann("ProfilerStep#5", 0, 5000),
+          _ann("torsh-tune::forward", 100, 4000), _x("aten::addmm", 150, 1000),
+          _x("_c10d_functional::all_reduce", 1200, 130), _x("aten::clone", 1210, 20),
+          _x("c10d::allreduce_", 1270, 40), _ann("gloo:all_reduce", 1320, 1500, tid=WORKER),
+          _x("_c10d_functional::_wrap_tensor_autograd", 1340, 120),
+          _x("aten::addmm", 1500, 500),  # compute that does not need the result
+          _x("_c10d_functional::wait_tensor", 2100, 800),
+          _x("aten::relu", 2950, 100)]
+    meta = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}}
+    (tmp_path / "rank-0.json").write_text(json.dumps({**meta, "traceEvents": ev}))
+    overlap = analyze_traces(tmp_path).tables["overlap"].rows()[0]
+    # comm: [1200, 1460] (issue and wrap) + the worker's [1320, 2820] + the wait [2100, 2900] = [1200, 2900]
+    assert overlap["comm_s"] * 1e6 == pytest.approx(1700)
+    # exposed: all of it but the 500 us of compute the worker's span hides
+    assert overlap["exposed_comm_s"] * 1e6 == pytest.approx(1700 - 500)

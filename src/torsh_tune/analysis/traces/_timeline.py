@@ -45,6 +45,9 @@ class CommPatterns:
         gloo_worker: annotations the gloo ``pt_gloo_runloop`` worker threads record.
         c10d_ops: main-thread c10d operators that issue a collective.
         comm_waits: host operators that block until a collective finishes (idle-time causes).
+        funcol_ops: a functional collective's own host operators around the c10d one it issues
+            (its output's allocation and copy, the async result's wrapping): on CPU, the
+            training thread's time issuing it.
         syncs: host calls that block until the device is done (idle-time causes).
         comm_scopes: host annotations a framework puts around its own collectives (FSDP's): on
             CPU, the main thread's time in them outside any leaf operator is a collective's wait.
@@ -58,6 +61,7 @@ class CommPatterns:
     c10d_ops: str = r"^c10d::(?!wait|_wait|barrier_wait)"
     comm_waits: str = (r"^(?:wait|aten::wait|c10d::_?wait\w*|c10d::barrier\w*|_c10d_functional::wait_tensor)$"
                        r"|Awaitable wait\(\)|wait_tensors")
+    funcol_ops: str = r"^_c10d_functional::(?!wait_tensor$)"
     syncs: str = (r"^(?:cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy"
                   r"|hipStreamSynchronize|hipDeviceSynchronize|aten::item|aten::_local_scalar_dense)$")
     comm_scopes: str = r"^FSDP::(?:all_gather|post_backward_reduce|reduce_scatter)(?: \(\d+\))?$"
@@ -328,8 +332,9 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
     is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))
     # An operator that blocks until a collective finishes (a functional collective's `wait_tensor`, at a
-    # DTensor's first use) is the step waiting for communication, not compute.
-    is_comm = is_comm_issue | np.isin(names_all[main], symbols.ids_matching(patterns.comm_waits))
+    # DTensor's first use) is the step waiting for communication, not compute; so is the time a
+    # functional collective's own operators take to issue it (the always-on side times the call).
+    is_comm = is_comm_issue | np.isin(names_all[main], symbols.ids_matching(f"{patterns.comm_waits}|{patterns.funcol_ops}"))
     rows = np.concatenate([main, worker])
     s = ev["ts_us"][rows]
     e = s + ev["dur_us"][rows]
