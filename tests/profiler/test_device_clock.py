@@ -64,7 +64,9 @@ def test_a_hand_written_nccl_all_reduce_is_timed_on_the_device(tmp_path):
 
 
 def test_an_engines_async_all_reduces_are_device_time(tmp_path):
-    # (Their wait is not timed on the stream yet: the records go to the tracker from NCCL's future callback.)
+    # Each record waits for the engine's Work.wait(), where an event marks the stream reaching the wait:
+    # what the stream idled from there to the collective's end is exposed (one rank: NCCL launches no
+    # kernel, so it is ~0 here; the records must all arrive, none left holding an event).
     run = _profile(tmp_path, "engine", SCRIPTS / "stack_overlap_engine.py", "--width", "1024")
     comm = read_jsonl(run.rank_file(0, "comm"))
     assert comm and {(c["issuer"], c["clock"], c["async_op"]) for c in comm} == {("user", "device", True)}

@@ -294,6 +294,10 @@ class CollectiveCapture:
         # kind of call -> (its shared fields, [count, bytes])
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
+        # Device clock: id(work) -> the record of an asynchronous NCCL collective not waited on yet. Handed
+        # to the tracker at its Work.wait() (with an event where the stream reached the wait) or, never
+        # waited on (a chained future), when its step ends (`release_unwaited`).
+        self._unwaited: dict[int, dict[str, Any]] = {}
         # Per wrapped function, (ids of the caller's code and globals, id(group), dtype, async_op) -> (shared
         # fields, [count, bytes], issuer, its index in `tracker.call_sites`, (code, globals) kept alive, whether a
         # framework issues it): the fast path's one lookup per call (host clock, outside DDP buckets).
@@ -362,20 +366,30 @@ class CollectiveCapture:
         original = work_type.wait
         if getattr(original, "_torsh_capture", False):
             return
-        works, tracker = self._works, self.tracker
+        works, unwaited, tracker = self._works, self._unwaited, self.tracker
 
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             record = works.pop(id(work), None)
             if record is None or torch.compiler.is_compiling():
                 return original(work, *args, **kwargs)
+            # An asynchronous NCCL collective: the current stream waits for it from here (Work.wait() makes
+            # it); the time from this event to the collective's end is what the stream idled for it.
+            device = unwaited.pop(id(work), None) is not None
+            if device:
+                record["_wait"] = tracker.device_events.record()
             t0 = now()
             try:
                 return original(work, *args, **kwargs)
             finally:
                 t1 = now()
                 record["blocked_s"] += t1 - t0
-                if record.pop("_on_wait", False):  # a work without a future: it completed when wait() returned
+                if device:
+                    if "_end" in record:
+                        tracker.on_collective(record)
+                    else:  # its future's callback has not run yet: it hands the record on
+                        record["_waited"] = True
+                elif record.pop("_on_wait", False):  # a work without a future: it completed when wait() returned
                     record["t_complete"], record["duration_s"] = t1, t1 - record["t_issue"]
                     tracker.on_collective(record)
 
@@ -705,20 +719,41 @@ class CollectiveCapture:
 
         def _complete(fut: Any) -> None:
             if device:
+                # NCCL runs this at once, on a stream that waits for the collective: its end on the device.
+                # The record waits for the script's Work.wait() (or its step's end) before it is handed on.
                 record["_end"] = events.record()
+                if not record.pop("_waited", False):
+                    return
             else:
                 record["t_complete"] = now()
                 record["duration_s"] = record["t_complete"] - record["t_issue"]
             tracker.on_collective(record)
 
+        if device:
+            self._unwaited[id(work)] = record
         try:
             work.get_future().then(_complete)
         except RuntimeError:
             # No future for this work (some p2p works): completion is when wait() returns (host clock).
             record["_on_wait"] = True
             if device:  # rare: the kind's host-clock twin, built for this record
+                self._unwaited.pop(id(work), None)
                 record["_s"] = SharedFields({k: v for k, v in record["_s"].items() if k != "stream"} | {"clock": "host"})
                 del record["_start"]
+
+    def release_unwaited(self) -> None:
+        """At a step's end (device clock): hand on the asynchronous collectives nobody waited on with Work.wait().
+
+        Their results were used through their futures (or not at all): nothing timed a wait on the
+        stream, so they count as overlapped. Those whose future's callback has not run yet stay.
+        """
+        unwaited = self._unwaited
+        if not unwaited:
+            return
+        for key, record in list(unwaited.items()):
+            if "_end" in record:
+                del unwaited[key]
+                self.tracker.on_collective(record)
 
     # -- DDP buckets --------------------------------------------------------------------
     def bucket(self, index: int, hook: str, grad_bytes: int, num_tensors: int) -> "_BucketScope":

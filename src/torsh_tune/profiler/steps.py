@@ -91,6 +91,9 @@ class StepTracker:
         self.ddp_offset = 1
         # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
         self.device_events: DeviceEvents | None = None
+        # At each step's end, before its collectives are collected: hands on the asynchronous NCCL
+        # collectives nobody waited on (`CollectiveCapture.release_unwaited`).
+        self.release_comm: Callable[[], None] | None = None
         self._start_event: Any = None
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._late: list[dict[str, Any]] = []  # device-clock collectives of steps already written
@@ -187,6 +190,8 @@ class StepTracker:
         """
         step, ev = self.step, self.phases
         t_start = self._t_start if self._t_start is not None else t_end
+        if self.release_comm is not None and self.device_events is not None:
+            self.release_comm()
         traces = self.traces
         detailed = step < self._detailed_until or (traces is not None and traces.recording)
         # comm: its CommRecords; calls: its synchronous host-clock calls, as the capture's tuples
@@ -453,6 +458,8 @@ class StepTracker:
 
     def flush_pending(self) -> None:
         """Write every step still held (waits for device events; DDP's last step keeps hook-timed comm only)."""
+        if self.release_comm is not None and self.device_events is not None:
+            self.release_comm()
         self._collect_comm()
         self._write_ready(wait=True)
 

@@ -46,6 +46,7 @@ def install(rt: "RankRuntime") -> None:
     if rt.config.profiler.enabled and rt.writer is not None:
         rt.collectives = CollectiveCapture(rt.tracker, rank=rt.rank, on_cuda=rt.training_on_cuda)
         rt.collectives.install()
+        rt.tracker.release_comm = rt.collectives.release_unwaited
     _patch_init_process_group(rt)
     _patch_ddp(rt)
     _patch_dataloader(rt)
