@@ -17,7 +17,13 @@ are drained between steps, outside the timing, as the tracker does at the step's
 call of an arm = its block's median loop time minus the round's bare block, divided by the calls;
 the table gives the median over rounds and the IQR.
 
+`--api funcol` times the functional collectives instead (what DTensor and tensor parallelism
+call): per gradient `funcol.all_reduce(grad, "sum", group)`, whose asynchronous result is then
+copied back into the gradient (its first use: `wait_tensor`, as in DTensor). The arms swap both
+`funcol.all_reduce` and `funcol.wait_tensor`; a call's cost is the pair's.
+
     .venv/bin/python benchmarks/capture_call.py --rounds 30 --steps 200 --tensors 32
+    .venv/bin/python benchmarks/capture_call.py --rounds 30 --steps 200 --backend fake --api funcol
 
 Prints a table and one JSON line.
 """
@@ -43,25 +49,29 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.distributed_c10d as c10d  # noqa: E402
 
 from torsh_tune.profiler import CollectiveCapture, StepTracker  # noqa: E402
-from torsh_tune.profiler.collectives import _BINDINGS, _SIZE_ARG  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+from torsh_tune.profiler.collectives import _BINDINGS, _FUNCTIONAL, _SIZE_ARG  # noqa: E402
 
 ARMS = ("bare", "passthrough", "capture")
 WRAPPED = ARMS[1:]
 
 
-def _capture() -> tuple[object, StepTracker]:
-    """A capture installed: (its all_reduce, its tracker). torch's functions are given back after: the arms
-    swap `dist.all_reduce` themselves."""
+def _capture() -> tuple[dict[str, object], StepTracker]:
+    """A capture installed: (its all_reduce, functional all_reduce and wait_tensor; its tracker). torch's
+    functions are given back after: the arms swap them themselves."""
     names = [*_SIZE_ARG, *_BINDINGS, "destroy_process_group"]
     saved = {(m, n): getattr(m, n) for m in (c10d, dist) for n in names if hasattr(m, n)}
+    saved |= {(funcol, n): getattr(funcol, n) for n in (*_FUNCTIONAL, "wait_tensor") if hasattr(funcol, n)}
     wait = torch._C._distributed_c10d.Work.wait
     tracker = StepTracker(rank=0, writer=None, warmup_steps=0, loss_every=1)
     CollectiveCapture(tracker, rank=0).install()
-    wrapper = dist.all_reduce
+    wrappers = {"all_reduce": dist.all_reduce, "funcol.all_reduce": funcol.all_reduce,
+                "funcol.wait_tensor": funcol.wait_tensor}
     for (m, n), original in saved.items():
         setattr(m, n, original)
     torch._C._distributed_c10d.Work.wait = wait
-    return wrapper, tracker
+    return wrappers, tracker
 
 
 def _quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -77,6 +87,8 @@ def main() -> None:
     p.add_argument("--backend", choices=("gloo", "fake"), default="gloo",
                    help="fake: torch's fake process group (world size 2, nothing sent, no worker thread): the "
                         "wrappers' own cost without gloo's hand-off and its noise")
+    p.add_argument("--api", choices=("dist", "funcol"), default="dist",
+                   help="funcol: the functional all_reduce and its wait_tensor (DTensor's path)")
     args = p.parse_args()
     if args.backend == "fake":
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -95,17 +107,24 @@ def main() -> None:
     opt = torch.optim.SGD(params, lr=1e-3)
     x = torch.randn(16, width)
 
-    original = dist.all_reduce
+    # The functions each arm installs: (module, name) -> function.
+    swapped = [(dist, "all_reduce")] if args.api == "dist" else [(funcol, "all_reduce"), (funcol, "wait_tensor")]
+    originals = {key: getattr(*key) for key in swapped}
 
-    def passthrough(*a, **kw):
-        return original(*a, **kw)
+    def passthrough(original):
+        def f(*a, **kw):
+            return original(*a, **kw)
+        return f
 
-    functions = {"bare": original, "passthrough": passthrough}
-    trackers = {}
-    functions["capture"], trackers["capture"] = _capture()
+    captured, tracker_b = _capture()
+    functions = {"bare": originals, "passthrough": {key: passthrough(f) for key, f in originals.items()},
+                 "capture": {key: captured[("funcol." if key[0] is funcol else "") + key[1]] for key in swapped}}
+    trackers = {"capture": tracker_b}
+    group = dist.group.WORLD
 
     def block(arm: str, steps: int) -> tuple[float, float]:
-        dist.all_reduce = functions[arm]
+        for (module, name), f in functions[arm].items():
+            setattr(module, name, f)
         tracker = trackers.get(arm)
         walls, cpus = [], []
         for _ in range(steps):
@@ -113,12 +132,18 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             w0, c0 = time.perf_counter(), time.thread_time()
-            for p_ in params:
-                dist.all_reduce(p_.grad)
+            if args.api == "dist":
+                for p_ in params:
+                    dist.all_reduce(p_.grad)
+            else:
+                for p_ in params:  # the async result's first use waits for it (wait_tensor), as in DTensor
+                    p_.grad.copy_(funcol.all_reduce(p_.grad, "sum", group))
             walls.append(time.perf_counter() - w0)
             cpus.append(time.thread_time() - c0)
             opt.step()
             if tracker is not None:  # what the step's end does with the calls: off the timed loop
+                # every call was recorded (a probe that records nothing costs nothing)
+                assert len(tracker.comm_done) == len(params), (len(tracker.comm_done), len(params))
                 tracker.comm_done.clear()
                 tracker.step += 1
         return statistics.median(walls), statistics.median(cpus)
@@ -134,7 +159,8 @@ def main() -> None:
         for arm in WRAPPED:
             for i, metric in enumerate(("wall", "cpu")):
                 costs[arm][metric].append((got[arm][i] - got["bare"][i]) / args.tensors * 1e6)
-    dist.all_reduce = original
+    for key, f in originals.items():
+        setattr(*key, f)
     dist.destroy_process_group()
 
     rows = []
@@ -148,7 +174,8 @@ def main() -> None:
     diff = [c_ - p_ for p_, c_ in zip(costs["passthrough"]["wall"], costs["capture"]["wall"])]
     d = _quantiles(diff)
     print(f"capture - passthrough, paired by round: {d[1]:+.2f} us per call (IQR {d[0]:+.2f} .. {d[2]:+.2f})")
-    print(json.dumps({"benchmark": "capture_call", "backend": args.backend, "rounds": args.rounds, "steps": args.steps,
+    print(json.dumps({"benchmark": "capture_call", "api": args.api, "backend": args.backend, "rounds": args.rounds,
+                      "steps": args.steps,
                       "tensors": args.tensors, "bare_call_us": statistics.median(bare_us), "rows": rows,
                       "capture_minus_passthrough_us": {"median": d[1], "q1": d[0], "q3": d[2]},
                       "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
