@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import sys
 import time
 
 import pytest
@@ -158,6 +159,25 @@ def test_a_functional_collective_completes_at_its_wait_tensor(capture):
     assert 0 < reduce["issue_s"] <= reduce["blocked_s"] and reduce["duration_s"] >= reduce["blocked_s"] - reduce["issue_s"]
     assert (gather["collective"], gather["bytes"]) == ("all_gather_into_tensor", 40)  # the gathered buffer
     assert cap.installed[-1].startswith("functional.")
+
+
+def test_a_deprecated_functional_call_warns_at_the_scripts_line_not_the_captures(capture):
+    import warnings
+
+    import torch.distributed._functional_collectives as funcol
+
+    _, tracker = capture
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        y = funcol.all_reduce(torch.ones(4), "sum", [0])  # ranks + tag as the group: deprecated
+        z = funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD)  # a deprecated alias
+    future = [w for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(future) == 2 and all("deprecated" in str(w.message) for w in future), [str(w.message) for w in caught]
+    assert [(w.filename, w.lineno) for w in future] == [(__file__, line), (__file__, line + 1)]
+    assert (y.sum().item(), z.sum().item()) == (4.0, 2.0)
+    assert {r["collective"] for r in _completed(tracker, 2)} == {"all_reduce", "all_gather_into_tensor"}
 
 
 @pytest.mark.parametrize(

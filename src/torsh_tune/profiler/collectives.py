@@ -33,6 +33,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -255,6 +256,30 @@ def _nbytes_dtype(value: Any) -> tuple[int, Any]:
     return 0, None
 
 
+#: Functional collectives that are deprecated aliases: each call warns (FutureWarning, at its caller).
+_DEPRECATED_FUNCTIONAL = frozenset({"all_gather_tensor", "reduce_scatter_tensor"})
+
+
+def _warning_at(caller: Any, call: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`, its warnings attributed to the frame `caller` where they named this module's.
+
+    A deprecated functional collective warns with a stack level that counts its direct caller, which
+    is the capture's wrapper: the user would read this file and line instead of their own. Only these
+    calls come here (catching warnings swaps the module's filters: not for every call).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call(*args, **kwargs)
+    for w in caught:
+        if w.filename == __file__:
+            where = caller.f_globals
+            warnings.warn_explicit(w.message, w.category, caller.f_code.co_filename, caller.f_lineno,
+                                   module=where.get("__name__"), registry=where.setdefault("__warningregistry__", {}))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return result
+
+
 def _storage_key(tensor: Any) -> int:
     """The data pointer of a tensor's storage: a functional collective's result and every view of it share it."""
     try:
@@ -455,6 +480,7 @@ class CollectiveCapture:
         i_group = params.index("group")
         local, getframe = self._local, sys._getframe
         gathers = op == "all_gather_into_tensor"
+        deprecated = original.__name__ in _DEPRECATED_FUNCTIONAL
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -480,7 +506,10 @@ class CollectiveCapture:
             record = self._begin(op, pg, nbytes, getattr(tensor, "dtype", None), issuer, True, origin)
             local.depth = 1
             try:
-                result = original(*args, **kwargs)
+                if deprecated or isinstance(group, list):  # it warns: at the script's line, not this one
+                    result = _warning_at(getframe(1), original, *args, **kwargs)
+                else:
+                    result = original(*args, **kwargs)
             finally:
                 local.depth = 0
             elem = getattr(result, "elem", None)  # an AsyncCollectiveTensor: completes at its wait_tensor
