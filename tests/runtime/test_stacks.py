@@ -287,8 +287,8 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
         ddp = _per_step_bytes(comm, collective="all_reduce", issuer="ddp")
         assert set(ddp) == set(range(LONG_STEPS + WARMUP)) and set(ddp.values()) == {meta["ddp"]["param_bytes"]}, ddp
         assert len({c["bucket"] for c in comm}) >= 3
-        # Each bucket's issuing call held the training thread (it counts as exposed where it was issued),
-        # and no bucket completed after the backward that waited for it returned.
+        # Each bucket's issuing call held the training thread: it counts as exposed where it was issued
+        # (the bound on a bucket's completion by its backward's end is tests/profiler/test_steps.py's).
         assert all(c["issue_s"] > 0 and c["blocked_s"] == c["issue_s"] for c in comm
                    if c["issuer"] == "ddp" and c["collective"] == "all_reduce")
     # Measured 2026-11-28, 2 ranks on 2 cores, largest |difference| of compute, comm and exposed comm with 6
