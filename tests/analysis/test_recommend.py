@@ -513,6 +513,29 @@ def test_tensor_parallelisms_collectives_are_advised_as_activations_not_gradient
     assert "gradients in bf16" not in rec.rationale and rec.expected_gain.high_pct == pytest.approx(35.0)
 
 
+def test_a_pipeline_schedules_send_recv_and_its_last_stage_are_advised_as_a_pipeline():
+    send, recv = "pipeline send", "pipeline recv"
+    evidence = {"exposed_comm_pct": 19.0, "attributable_comm_pct": 19.0, "overlap_pct": 31.4,
+                "backward_compute_pct": 30.0, "step_s": 0.024, "backward_compute_s": 0.007,
+                "comm_s_by_kind": {send: 0.0074, recv: 0.0064}, "comm_blocked_s_by_kind": {send: 0.002, recv: 0.0075},
+                "comm_async_share_by_kind": {send: 1.0, recv: 1.0}}
+    meta = {0: {"collectives": {"pipeline": {"count": 8, "bytes": 1 << 18}}}}
+    comm = Bottleneck(category="communication", severity="high", ranks=(0, 1), message="", evidence=evidence)
+    late = Bottleneck(category="straggler", severity="medium", ranks=(0,), message="",
+                      evidence={"slowest_rank": 0, "excess_pct": 12.6, "last_share_pct": 80.0})
+    rec, straggler = recommend([comm, late], meta=meta, world_size=2)
+    # Activations and their gradients between stages: no gradient to compress, no DDP to switch to.
+    assert rec.title == "Shrink the pipeline's waits between stages" and not rec.config_patch
+    assert "waits 9.5 ms per step" in rec.rationale and "ScheduleInterleaved1F1B" in rec.rationale
+    assert "PowerSGD" not in rec.rationale and "DDP" not in rec.rationale
+    # The first stage finishes last by construction: balance the stages, not "replace the slow rank".
+    assert straggler.title == "Balance the pipeline's stages (rank 0 finishes last)"
+    assert "move layers" in straggler.rationale and straggler.expected_gain.high_pct == pytest.approx(12.6)
+    # The same lateness without a pipeline is a slow rank.
+    (plain,) = recommend([late], meta={0: {"collectives": {"ddp": {"count": 3, "bytes": 1 << 20}}}}, world_size=2)
+    assert plain.title == "Fix or replace the slow rank 0"
+
+
 @pytest.mark.parametrize(("built_by", "key", "value", "where"), [
     ("user", "bucket_cap_mb", 5.0, "DistributedDataParallel(model, ..., bucket_cap_mb=5.0)"),
     ("transformers", "bucket_cap_mb", 5.0, "TrainingArguments(ddp_bucket_cap_mb=5.0)"),

@@ -546,6 +546,8 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         why = f"FSDP's collectives are exposed{spent}: {first}{prefetch}, {keep}, or {fewer}"
     elif issuer == "dtensor":
         return [_tensor_parallel(e, ev, spent), *_framework_syncs(ev, e)]
+    elif issuer == "pipeline":
+        return [_pipeline_p2p(e, ev, spent), *_framework_syncs(ev, e)]
     else:
         called = [o for k, origins in (ev.get("comm_origins_by_kind") or {}).items() if k.startswith(f"{issuer} ")
                   for o in origins]
@@ -569,15 +571,41 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
 def _tensor_parallel(e: float, ev: dict[str, Any], spent: str) -> Recommendation:
     """Exposed communication of DTensor's redistributions (tensor parallelism): activations, not gradients,
     each needed by the next operation, so nothing overlaps them on its own."""
-    waited = sum(float(v) for k, v in (ev.get("comm_blocked_s_by_kind") or {}).items() if k.startswith("dtensor "))
-    wait = f"; the training thread waits {1e3 * waited:.3g} ms per step for them" if waited else ""
-    why = (f"the collectives come from DTensor's redistributions (tensor parallelism{spent}){wait}: each block's "
+    why = (f"the collectives come from DTensor's redistributions (tensor parallelism{spent})"
+           f"{_waited(ev, 'dtensor', 'for them')}: each block's "
            "partial output is reduced before the next one can use it, so they sit on the critical path. Give "
            "tensor parallelism fewer ranks and shard the rest with FSDP2 (a 2-D mesh: smaller all-reduces), keep "
            "its group on a node's fastest links, use SequenceParallel between blocks (a reduce-scatter and an "
            "all-gather of the activations' shards instead of an all-reduce), or compile with async tensor "
            "parallelism (torch._inductor.config._micro_pipeline_tp) to overlap them with the matmuls")
-    return _rec("communication", "Take tensor parallelism's collectives off the critical path",
+    return _activations_rec(e, ev, "Take tensor parallelism's collectives off the critical path", why)
+
+
+def _pipeline_p2p(e: float, ev: dict[str, Any], spent: str) -> Recommendation:
+    """Exposed communication of a pipeline schedule (`torch.distributed.pipelining`): its send/recv carry
+    activations forward and their gradients backward between stages; a stage's exposed time is mostly its
+    wait for the neighbouring stage's micro-batch (the bubble), not the transfer. Gradient compression
+    does not apply: no gradient is averaged here."""
+    why = (f"the collectives are the pipeline schedule's send/recv between stages{spent}"
+           f"{_waited(ev, 'pipeline', 'in them')}: activations "
+           "forward, their gradients backward. A stage waits there for its neighbour's micro-batch (the pipeline "
+           "bubble, (p-1)/(m+p-1) of the step with p stages and m micro-batches) and for the transfer. Split the "
+           "batch into more micro-batches, use an interleaved schedule (ScheduleInterleaved1F1B or "
+           "ScheduleInterleavedZeroBubble with several stages per rank), balance the stages' compute (the slowest "
+           "stage paces the others), and send the activations in bf16 (half the bytes)")
+    return _activations_rec(e, ev, "Shrink the pipeline's waits between stages", why)
+
+
+def _waited(ev: dict[str, Any], issuer: str, where: str) -> str:
+    """"; the training thread waits X ms per step WHERE" for `issuer`'s collectives, or "" when it did not."""
+    waited = sum(float(v) for k, v in (ev.get("comm_blocked_s_by_kind") or {}).items() if k.startswith(f"{issuer} "))
+    return f"; the training thread waits {1e3 * waited:.3g} ms per step {where}" if waited else ""
+
+
+def _activations_rec(e: float, ev: dict[str, Any], title: str, why: str) -> Recommendation:
+    """Advice on collectives that carry activations (the next operation needs each): all of the exposed
+    communication is at stake, and no config knob of torsh-tune's changes it."""
+    return _rec("communication", title,
                 f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
                 {}, _gain(0.0, e, f"exposed comm {e:.1f} % of the step, at most all of it"), "medium")
 
@@ -648,6 +676,21 @@ def _straggler(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
     share = float(ev["last_share_pct"])
     host = ctx.hostname(rank)
     where = f"rank {rank}" + (f" on {host}" if host else "")
+    if ctx.main_issuer == "pipeline":
+        # Pipeline stages do different work and end the step in turn: the first stage runs the last backward
+        # micro-batch, so it finishes last by construction; beyond that, its stage is the heavier one.
+        return [_rec(
+            "straggler",
+            f"Balance the pipeline's stages ({where} finishes last)",
+            f"{where} ends the step {excess:.1f} % of the step after the others, last in {share:.0f} % of steps. "
+            "In a pipeline schedule the stages do different work and finish in turn (the first stage runs the last "
+            "backward micro-batch), so part of this is the schedule itself; the rest is a heavier stage: move "
+            "layers from it to its neighbours, or give the pipeline more micro-batches so the others wait less "
+            "for it (check the host too if the stages are balanced)",
+            {},
+            _gain(0.0, excess, f"its lateness {excess:.1f} % of the step, at most (part of it is the schedule's)"),
+            "medium",
+        )]
     return [_rec(
         "straggler",
         f"Fix or replace the slow {where}",
