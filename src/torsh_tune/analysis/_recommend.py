@@ -604,7 +604,8 @@ def _waited(ev: dict[str, Any], issuer: str, where: str) -> str:
 
 def _activations_rec(e: float, ev: dict[str, Any], title: str, why: str) -> Recommendation:
     """Advice on collectives that carry activations (the next operation needs each): all of the exposed
-    communication is at stake, and no config knob of torsh-tune's changes it."""
+    communication is at stake. No config patch: the script's own code sets them (a pipeline built by
+    `torsh_tune.parallelize` gets its micro-batch knob from the pipeline-bubble finding)."""
     return _rec("communication", title,
                 f"{e:.1f} % of the step is exposed communication (overlap {ev.get('overlap_pct')} %); {why}",
                 {}, _gain(0.0, e, f"exposed comm {e:.1f} % of the step, at most all of it"), "medium")
