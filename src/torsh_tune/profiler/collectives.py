@@ -280,6 +280,13 @@ def _warning_at(caller: Any, call: Callable, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def _forget_oldest(records: dict[int, Any], limit: int = 4096) -> None:
+    """Past `limit` records awaiting a wait that never comes, drop the older half (insertion order)."""
+    if len(records) > limit:
+        for key in list(records)[:limit // 2]:
+            del records[key]
+
+
 def _storage_key(tensor: Any) -> int:
     """The data pointer of a tensor's storage: a functional collective's result and every view of it share it."""
     try:
@@ -503,7 +510,7 @@ class CollectiveCapture:
                 return original(*args, **kwargs)
             info = self._group(pg)
             nbytes = tensor.nbytes * (info.size if gathers else 1) if isinstance(tensor, torch.Tensor) else 0
-            record = self._begin(op, pg, nbytes, getattr(tensor, "dtype", None), issuer, True, origin)
+            record = self._begin(op, pg, nbytes, getattr(tensor, "dtype", None), issuer, True, origin, info)
             local.depth = 1
             try:
                 if deprecated or isinstance(group, list):  # it warns: at the script's line, not this one
@@ -516,9 +523,7 @@ class CollectiveCapture:
             if isinstance(elem, torch.Tensor) and not getattr(result, "completed", True):
                 record["issue_s"] = record["blocked_s"] = now() - record["t_issue"]
                 pending[_storage_key(elem)] = record
-                if len(pending) > 4096:  # results nobody waited on: forget the oldest
-                    for key in list(pending)[:2048]:
-                        del pending[key]
+                _forget_oldest(pending)  # results nobody waited on
             else:  # already waited (a gather that concatenated): done on return, as a synchronous call
                 self._end(record, None)
             return result
@@ -698,9 +703,9 @@ class CollectiveCapture:
         return kind
 
     def _begin(self, op: str, group: Any, nbytes: int, dtype: Any, issuer: str, async_op: bool,
-               origin: str | None = None) -> dict[str, Any]:
+               origin: str | None = None, info: _GroupInfo | None = None) -> dict[str, Any]:
         tracker = self.tracker
-        info = self._group(group)
+        info = info or self._group(group)
         events = tracker.device_events if info.nccl else None
         stream = None if events is None else "default" if events.current_stream()[1] else "side"
         bucket = self._local.bucket
@@ -741,9 +746,7 @@ class CollectiveCapture:
         record["issue_s"] = t_return - record["t_issue"]
         record["blocked_s"] += record["issue_s"]
         self._works[id(work)] = record
-        if len(self._works) > 4096:  # works nobody waits on (futures instead): forget the oldest
-            for key in list(self._works)[:2048]:
-                del self._works[key]
+        _forget_oldest(self._works)  # works nobody waits on (futures instead)
         tracker, events = self.tracker, self.tracker.device_events
 
         def _complete(fut: Any) -> None:

@@ -537,8 +537,8 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
       it (a synchronous call, or `Work.wait()`); on the device clock, a synchronous
       collective on the default stream holds that stream for its whole duration, one issued
       on a side stream (FSDP2's) overlaps, and one whose wait was timed on the stream (a
-      functional collective's `wait_tensor`: `_rel_wait`) holds it from where it reached
-      the wait to the collective's end.
+      functional collective's `wait_tensor`, an asynchronous NCCL call's `Work.wait()`:
+      `_rel_wait`) holds it from where it reached the wait to the collective's end.
     `calls` are synchronous host-clock calls as the capture's tuples (`host_call_values`): each
     blocks from its issue to its return, so on the host clock that whole span is exposed.
     Exposed intervals are split over the phases they fall in (`phases`: (name, t0, t1) on
@@ -560,7 +560,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             s = record["t_start"] + c.pop("_rel_start")
             e = record["t_start"] + c.pop("_rel_end")
             c["t_start"], c["t_complete"] = s, e
-            if "_rel_wait" in c:  # where the compute stream reached the collective's wait (funcol's wait_tensor)
+            if "_rel_wait" in c:  # where the compute stream reached the collective's wait (wait_tensor, Work.wait)
                 waited = record["t_start"] + c.pop("_rel_wait")
         else:
             s = c["t_issue"]
