@@ -161,6 +161,43 @@ def test_a_functional_collective_completes_at_its_wait_tensor(capture):
     assert cap.installed[-1].startswith("functional.")
 
 
+def test_a_functional_calls_known_site_is_recorded_as_its_first_call_was(capture):
+    """The functional collectives' fast path (a known site and group: no issuer walk, no group resolution)
+    records what the general path does: each group its own, a name like its group, a gather's bytes x size."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cap, tracker = capture
+    _fake(world_size=2)
+    sub = dist.new_group([0, 1])
+    mesh = init_device_mesh("cpu", (2,))
+    # by object, by a name built anew at every call (equal, not identical), DTensor's (mesh, dim)
+    groups = [lambda: dist.group.WORLD, lambda: sub, lambda: "".join(list(sub.group_name)), lambda: (mesh, 0)]
+    for _ in range(3):
+        for group in groups:
+            funcol.all_reduce(torch.ones(10), "sum", group()).sum().item()  # one call site for every group
+            funcol.all_gather_single(torch.ones(5, dtype=torch.float64), 0, group()).sum().item()
+    records = _completed(tracker, 24)
+    assert len(records) == 24 and sum(map(len, cap._sites)) >= 8  # both functions' sites were learned
+    per_call = {}
+    for r in records:
+        per_call.setdefault((r["seq"] // 2) % 4, []).append(r)
+    shared = ("collective", "issuer", "origin", "group", "group_ranks", "dtype", "bytes", "async_op")
+    for calls in per_call.values():
+        reduces = {repr([r[k] for k in shared]) for r in calls if r["collective"] == "all_reduce"}
+        gathers = {repr([r[k] for k in shared]) for r in calls if r["collective"] == "all_gather_into_tensor"}
+        assert len(reduces) == len(gathers) == 1, calls  # the first call and the two after it alike
+        assert {r["bytes"] for r in calls if r["collective"] == "all_gather_into_tensor"} == {5 * 8 * 2}  # x size
+        assert all(0 < r["issue_s"] <= r["blocked_s"] <= r["duration_s"] for r in calls)
+    names = [per_call[i][0]["group"] for i in range(4)]
+    assert names[0] == "world" and names[1] == names[2] == sub.group_name != names[0]
+    assert {r["origin"] for r in records} == {f"{__name__}:test_a_functional_calls_known_site_is_recorded_"
+                                              "as_its_first_call_was"}
+    # A new default group after destroy_process_group is not the old one's site.
+    dist.destroy_process_group()
+    assert not any(cap._sites)
+
+
 def test_a_deprecated_functional_call_warns_at_the_scripts_line_not_the_captures(capture):
     import warnings
 

@@ -280,7 +280,10 @@ def _warning_at(caller: Any, call: Callable, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def _forget_oldest(records: dict[int, Any], limit: int = 4096) -> None:
+_AWAITING_MAX = 4096  # records awaiting a wait (Work.wait(), wait_tensor) kept at most
+
+
+def _forget_oldest(records: dict[int, Any], limit: int = _AWAITING_MAX) -> None:
     """Past `limit` records awaiting a wait that never comes, drop the older half (insertion order)."""
     if len(records) > limit:
         for key in list(records)[:limit // 2]:
@@ -293,6 +296,33 @@ def _storage_key(tensor: Any) -> int:
         return tensor.untyped_storage().data_ptr()
     except Exception:  # noqa: BLE001 - a tensor without storage (a fake or meta tensor)
         return id(tensor)
+
+
+try:
+    from torch.distributed.device_mesh import DeviceMesh as _DeviceMesh
+except ImportError:  # a torch without device meshes: no group is one
+    class _DeviceMesh:  # type: ignore[no-redef]
+        pass
+
+
+def _functional_site(frame: Any, group: Any, dtype: Any) -> tuple | None:
+    """A functional collective's call-site key: the ids of the caller's code and globals, the group, the dtype.
+
+    The group as passed: a name as it is, DTensor's `(mesh, dim)` by the mesh's id, a process group or
+    mesh by its id (the site keeps them alive, and `destroy_process_group` forgets every site); a list of
+    ranks (deprecated) or anything else has no key and takes the general path at every call.
+    """
+    if type(group) is str:
+        g: Any = group
+    elif type(group) is tuple:
+        if len(group) != 2 or type(group[1]) not in (int, str):
+            return None
+        g = (id(group[0]), group[1])
+    elif isinstance(group, (c10d.ProcessGroup, _DeviceMesh)):
+        g = id(group)
+    else:
+        return None
+    return id(frame.f_code), id(frame.f_globals), g, dtype
 
 
 class _GroupInfo:
@@ -454,7 +484,7 @@ class CollectiveCapture:
         original_wait = funcol.wait_tensor
         if getattr(original_wait, "_torsh_capture", False):
             return
-        tracker = self.tracker
+        tracker, perf, offset = self.tracker, time.perf_counter, _clock_offset()
 
         @functools.wraps(original_wait)
         def wait_tensor(tensor: Any) -> Any:
@@ -467,15 +497,16 @@ class CollectiveCapture:
             device = "_start" in record
             if device:
                 record["_wait"] = tracker.device_events.record()
-            t0 = now()
+            t0 = perf()
             try:
                 return original_wait(tensor)
             finally:
-                t1 = now()
+                t1 = perf()
                 record["blocked_s"] += t1 - t0
                 if device:
                     record["_end"] = tracker.device_events.record()
                 else:
+                    t1 += offset
                     record["t_complete"], record["duration_s"] = t1, t1 - record["t_issue"]
                 tracker.on_collective(record)
 
@@ -485,9 +516,14 @@ class CollectiveCapture:
     def _wrap_functional(self, funcol: Any, original: Callable, op: str, pending: dict[int, dict[str, Any]]) -> Callable:
         params = list(inspect.signature(original).parameters)
         i_group = params.index("group")
-        local, getframe = self._local, sys._getframe
+        local, getframe, tracker = self._local, sys._getframe, self.tracker
         gathers = op == "all_gather_into_tensor"
         deprecated = original.__name__ in _DEPRECATED_FUNCTIONAL
+        # (ids of the caller's code and globals, the group: its name, else its id, dtype) -> (shared fields,
+        # [count, bytes], bytes per input byte, (code, globals, group) kept alive): a known call site's one lookup.
+        sites: dict[tuple, tuple] = {}
+        self._sites.append(sites)
+        perf, offset, tensor_type = time.perf_counter, _clock_offset(), torch.Tensor
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -495,11 +531,46 @@ class CollectiveCapture:
             # original (it folds traced() to True before reading anything else).
             if traced() or flags._is_compiling_flag or local.depth:
                 return original(*args, **kwargs)
-            issuer, origin = _caller_site(getframe(1))
-            if issuer in _NOT_RECORDED:
-                return original(*args, **kwargs)
+            frame = getframe(1)
             tensor = args[0] if args else kwargs.get("self")
             group = kwargs["group"] if "group" in kwargs else args[i_group] if len(args) > i_group else None
+            # The common call (a known call site and group, host clock): no issuer walk, no group resolution.
+            # Its counting and timing are `_wrap`'s common call's, written out again: a shared helper's call
+            # would be a measurable part of what this path costs.
+            key = site = None
+            if tracker.device_events is None and isinstance(tensor, tensor_type) and "tag" not in kwargs:
+                key = _functional_site(frame, group, tensor.dtype)
+                site = sites.get(key)
+            if site is not None:
+                nbytes = tensor.nbytes * site[2]
+                counts = site[1]
+                counts[0] += 1
+                counts[1] += nbytes
+                seq = tracker._comm_seq
+                tracker._comm_seq = seq + 1
+                step = tracker.step
+                local.depth = 1
+                t0 = perf()
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    local.depth = 0
+                issue = perf() - t0
+                record = {"_s": site[0], "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes,
+                          "t_issue": t0 + offset, "blocked_s": issue}
+                elem = getattr(result, "elem", None)
+                if isinstance(elem, tensor_type) and not getattr(result, "completed", True):
+                    record["issue_s"] = issue
+                    pending[_storage_key(elem)] = record
+                    if len(pending) > _AWAITING_MAX:
+                        _forget_oldest(pending)
+                else:
+                    record["t_complete"], record["duration_s"] = record["t_issue"] + issue, issue
+                    tracker.on_collective(record)
+                return result
+            issuer, origin = _caller_site(frame)
+            if issuer in _NOT_RECORDED:
+                return original(*args, **kwargs)
             try:
                 # A list of ranks (deprecated: funcol warns about it) resolved without a second warning of ours.
                 pg = (c10d._resolve_group_name_by_ranks_and_tag(group, kwargs.get("tag", ""))
@@ -511,6 +582,10 @@ class CollectiveCapture:
             info = self._group(pg)
             nbytes = tensor.nbytes * (info.size if gathers else 1) if isinstance(tensor, torch.Tensor) else 0
             record = self._begin(op, pg, nbytes, getattr(tensor, "dtype", None), issuer, True, origin, info)
+            if (key is not None and "_start" not in record and not deprecated and issuer not in FRAMEWORK_ISSUERS
+                    and not _module_name(frame).startswith(_PLUMBING)):  # shared plumbing: its callers differ
+                sites[key] = (record["_s"], self._kind_counts(record["_s"]), info.size if gathers else 1,
+                              (frame.f_code, frame.f_globals, group[0] if type(group) is tuple else group))
             local.depth = 1
             try:
                 if deprecated or isinstance(group, list):  # it warns: at the script's line, not this one
@@ -651,7 +726,6 @@ class CollectiveCapture:
         if "_start" in record or "bucket" in record or frame.f_globals.get("__name__", "").startswith(_PLUMBING):
             return
         shared = record["_s"]
-        key = next(k for k, v in self._kinds.items() if v[0] is shared)
         table = self.tracker.call_sites
         with self._sites_lock:
             table.append((shared, issuer))
@@ -660,7 +734,11 @@ class CollectiveCapture:
         # for a long training function, on every call. The entry holds the code and the globals, so
         # neither id is reused while it lives.
         sites[(id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op)] = (
-            shared, self._kinds[key][1], issuer, index, (frame.f_code, frame.f_globals), issuer in FRAMEWORK_ISSUERS)
+            shared, self._kind_counts(shared), issuer, index, (frame.f_code, frame.f_globals), issuer in FRAMEWORK_ISSUERS)
+
+    def _kind_counts(self, shared: SharedFields) -> list[int]:
+        """The [count, bytes] counters of the kind whose shared fields are `shared`."""
+        return next(counts for fields, counts in self._kinds.values() if fields is shared)
 
     # -- records ------------------------------------------------------------------------
     def _group(self, group: Any) -> _GroupInfo:
