@@ -193,7 +193,7 @@ def test_a_functional_calls_known_site_is_recorded_as_its_first_call_was(capture
     assert names[0] == "world" and names[1] == names[2] == sub.group_name != names[0]
     assert {r["origin"] for r in records} == {f"{__name__}:test_a_functional_calls_known_site_is_recorded_"
                                               "as_its_first_call_was"}
-    # A new default group after destroy_process_group is not the old one's site.
+    # destroy_process_group forgets every site: a group made after it may take a forgotten one's id.
     dist.destroy_process_group()
     assert not any(cap._sites)
 
