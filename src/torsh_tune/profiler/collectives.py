@@ -596,6 +596,8 @@ class CollectiveCapture:
                 local.depth = 0
             elem = getattr(result, "elem", None)  # an AsyncCollectiveTensor: completes at its wait_tensor
             if isinstance(elem, torch.Tensor) and not getattr(result, "completed", True):
+                if "_start" in record:  # enqueued: from here the collective's stream may run it (see `_begin`)
+                    record["_issued"] = tracker.device_events.record()
                 record["issue_s"] = record["blocked_s"] = now() - record["t_issue"]
                 pending[_storage_key(elem)] = record
                 _forget_oldest(pending)  # results nobody waited on
@@ -800,6 +802,13 @@ class CollectiveCapture:
                 record["grad_bytes"], record["num_tensors"] = bucket[2], bucket[3]
                 self._local.bucket = (bucket[0], bucket[1], None, None)
         if events is not None:
+            # Where the current stream stood at the issue. An asynchronous collective's stream waits for
+            # it; on a starved GPU (the host launching slower than the device runs) the device reaches it
+            # long before the host has enqueued the collective, and the issue's own host time (~0.1 ms
+            # in c10d and NCCL) would count as communication. So an asynchronous record's device start is
+            # a second event, `_issued`, recorded once the call returned (`_end`, the functional wrapper).
+            # A synchronous NCCL call runs on the current stream itself (torch >= 2.7), enqueued inside
+            # the call: nothing after it could mark its start, so its record starts here.
             record["_start"] = events.record()
         return record
 
@@ -823,6 +832,8 @@ class CollectiveCapture:
         # ms on a busy host); Work.wait() adds to it.
         record["issue_s"] = t_return - record["t_issue"]
         record["blocked_s"] += record["issue_s"]
+        if device:  # enqueued: from here the collective's stream may run it (see `_begin`)
+            record["_issued"] = self.tracker.device_events.record()
         self._works[id(work)] = record
         _forget_oldest(self._works)  # works nobody waits on (futures instead)
         tracker, events = self.tracker, self.tracker.device_events
@@ -850,6 +861,7 @@ class CollectiveCapture:
                 self._unwaited.pop(id(work), None)
                 record["_s"] = SharedFields({k: v for k, v in record["_s"].items() if k != "stream"} | {"clock": "host"})
                 del record["_start"]
+                self.tracker.device_events.release(record.pop("_issued"))
 
     def release_unwaited(self) -> None:
         """At a step's end (device clock): hand on the asynchronous collectives nobody waited on with Work.wait().

@@ -278,8 +278,9 @@ class StepTracker:
 
     @staticmethod
     def _comm_events_done(c: dict[str, Any]) -> bool:
-        end, wait = c.get("_end"), c.get("_wait")
-        return end is not None and end.query() and (wait is None or wait.query())
+        end, wait, issued = c.get("_end"), c.get("_wait"), c.get("_issued")
+        return (end is not None and end.query() and (wait is None or wait.query())
+                and (issued is None or issued.query()))
 
     def _write_ready(self, *, wait: bool = False) -> None:
         peak: list[int] = []  # read once per batch, on its first record without one
@@ -390,7 +391,7 @@ class StepTracker:
                     if "host_" + name in record:
                         record[name] = record.pop("host_" + name)
                 for c in comm:
-                    for key in ("_start", "_end", "_rel_start", "_rel_end"):
+                    for key in ("_start", "_issued", "_end", "_wait", "_rel_start", "_rel_end", "_rel_wait"):
                         c.pop(key, None)
         else:
             for c in comm:
@@ -442,19 +443,24 @@ class StepTracker:
     def _finish_comm(self, c: dict[str, Any], step_start: Any) -> None:
         """Device-clock collectives: duration and times on the step's device timeline (anchored at its host start)."""
         start, end, wait = c.pop("_start", None), c.pop("_end", None), c.pop("_wait", None)
+        issued = c.pop("_issued", None)
         c.pop("_on_wait", None)
         if start is None or end is None:
-            if wait is not None:
-                self.device_events.release(wait)
+            for event in (wait, issued):
+                if event is not None:
+                    self.device_events.release(event)
             return
         ev = self.device_events
-        c["duration_s"] = max(0.0, ev.seconds(start, end))
+        # From where the collective was enqueued (`_issued`), not where the stream stood at its issue: on a
+        # starved GPU the gap between them is the host's issuing, an idle device, not communication.
+        begin = issued if issued is not None else start
+        c["duration_s"] = max(0.0, ev.seconds(begin, end))
         if step_start is not None:
-            c["_rel_start"] = ev.seconds(step_start, start)
+            c["_rel_start"] = ev.seconds(step_start, begin)
             c["_rel_end"] = ev.seconds(step_start, end)
             if wait is not None:
                 c["_rel_wait"] = ev.seconds(step_start, wait)
-        ev.release(start, end, wait)
+        ev.release(start, end, wait, issued)
 
     def flush_pending(self) -> None:
         """Write every step still held (waits for device events; DDP's last step keeps hook-timed comm only)."""
@@ -483,7 +489,7 @@ def _wait_for(entry: dict[str, Any]) -> None:
 
 
 def _wait_comm(c: dict[str, Any]) -> None:
-    for key in ("_end", "_wait"):
+    for key in ("_end", "_wait", "_issued"):
         event = c.get(key)
         if event is not None:
             event.synchronize()

@@ -1,5 +1,7 @@
 """A script that averages gradients by hand: dist.all_reduce on each grad after backward, no DDP.
 
+With `--functional`, through `torch.distributed._functional_collectives` instead (the traceable API
+that DTensor and compiled code use), each result waited for at its first use.
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
 """
 
@@ -8,6 +10,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -15,6 +18,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--width", type=int, default=512)
 p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--functional", action="store_true", help="average with functional collectives")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -37,7 +41,10 @@ while step < args.steps:
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         for prm in model.parameters():
-            dist.all_reduce(prm.grad)
+            if args.functional:
+                prm.grad.copy_(funcol.all_reduce(prm.grad, "sum", dist.group.WORLD))
+            else:
+                dist.all_reduce(prm.grad)
             prm.grad /= world
         opt.step()
         opt.zero_grad()
