@@ -115,6 +115,9 @@ class CommRecord:
     clock: str | None = None  # "device" or "host"
     stream: str | None = None  # device clock: "default" (the compute stream) or "side"
     t_start: float | None = None  # device clock: started, on the step's device timeline
+    # async_op (not a DDP bucket's): the probed phase its issue fell in ("forward", "backward", "optimizer"),
+    # None outside them. An engine overlapping its gradients' all-reduces issues them in "backward".
+    phase: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -497,6 +497,20 @@ def test_an_engine_that_already_overlaps_its_collectives_is_told_what_is_left(co
     (rec,) = recommend([Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
                                    evidence=sync)], meta=meta, world_size=2)
     assert rec.title == "Average gradients with DDP instead of blocking all-reduces after backward"
+    assert "block the training thread" in rec.rationale
+    # Issued asynchronously but none during a backward (a loop over the gradients after it, each result
+    # waited for at its first use: functional collectives): nothing overlaps them either.
+    after = {**evidence, "comm_backward_issue_share_by_kind": {kind: 0.0}}
+    (rec,) = recommend([Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                                   evidence=after)], meta=meta, world_size=2)
+    assert rec.title == "Average gradients with DDP instead of blocking all-reduces after backward"
+    assert "are issued asynchronously after backward, so nothing overlaps them" in rec.rationale
+    assert "during backward (" not in rec.rationale
+    # Issued during the backward: the engine's advice, as without the share (runs recorded before it).
+    during = {**evidence, "comm_backward_issue_share_by_kind": {kind: 1.0}}
+    (rec,) = recommend([Bottleneck(category="communication", severity="high", ranks=(0, 1), message="",
+                                   evidence=during)], meta=meta, world_size=2)
+    assert rec.title == title
 
 
 def test_tensor_parallelisms_collectives_are_advised_as_activations_not_gradients():

@@ -255,6 +255,12 @@ def test_an_asynchronous_collective_exposes_its_issuing_call_and_its_wait():
     # Records made before the issuing call was kept apart: all of blocked_s is the wait.
     assert _comm_times([_comm(11.25, 12.5, async_op=True, blocked_s=0.25)], [], _step(), PHASES, 0.0)[2] == {
         "forward": 0.0, "backward": 0.0, "optimizer": 0.25}
+    # Each asynchronous record says the phase its issue fell in (none between the backward and the
+    # optimizer step); synchronous ones and DDP buckets do not.
+    after = _comm(12.1, 12.2, async_op=True, blocked_s=0.1)
+    sync, bucket = _comm(11.5, 11.6, blocked_s=0.1), _comm(11.5, 11.9, issuer="ddp", async_op=True, hook="allreduce")
+    _comm_times([after, sync, bucket], [], _step(), PHASES, 0.0)
+    assert issued["phase"] == "backward" and "phase" not in after and "phase" not in sync and "phase" not in bucket
 
 
 def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():

@@ -221,6 +221,10 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         issued_async = {f"{k['issuer']} {k['op']}": k["async_share"] for k in kinds[:5] if k.get("async_share")}
         if issued_async:
             evidence["comm_async_share_by_kind"] = issued_async
+        in_backward = {f"{k['issuer']} {k['op']}": k["backward_issue_share"] for k in kinds[:5]
+                       if k.get("async_share") and k.get("backward_issue_share") is not None}
+        if in_backward:  # of the asynchronous ones, issued during a backward (overlapping it) or after it
+            evidence["comm_backward_issue_share_by_kind"] = in_backward
     # Collectives a training framework issues in most steps besides the gradients' (Lightning's SIGTERM
     # flag, a logged value synchronised at every step): synchronous, small, latency-bound. Small: a framework
     # that averages the gradients itself (DeepSpeed's engine) issues those too, and they are not flags.

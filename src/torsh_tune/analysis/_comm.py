@@ -158,7 +158,10 @@ def _by_kind(df: pd.DataFrame, step_records: pd.DataFrame) -> tuple[dict[str, An
                "bytes": float(per_step["bytes"].median()), "time_s": float(per_step["time_s"].median()),
                "transfer_s": float(transfer.median()), "origins": _origins(g)}
         if "async_op" in g and g["async_op"].notna().any():
-            row["async_share"] = float(g["async_op"].fillna(False).astype(bool).mean())
+            issued_async = g["async_op"].fillna(False).astype(bool)
+            row["async_share"] = float(issued_async.mean())
+            if "phase" in g and issued_async.any():  # recorded since 2026-11-28: older runs leave it out
+                row["backward_issue_share"] = float(g.loc[issued_async, "phase"].eq("backward").mean())
         if g["blocked_s"].notna().any():  # the training thread's wait: in the call, or in Work.wait()
             row["blocked_s"] = float(per_step["blocked_s"].median())
         out.append(row)

@@ -554,10 +554,17 @@ def _communication_without_ddp(e: float, bwd: float, ev: dict[str, Any], ctx: _C
         where = f" ({', '.join(dict.fromkeys(called))})" if called else ""
         issued_async = [k for k, share in (ev.get("comm_async_share_by_kind") or {}).items()
                         if k.startswith(f"{issuer} ") and share > 0.5]
-        if issued_async:
+        # Issued asynchronously but after the backward (a loop over the gradients, each waited for at its
+        # first use): nothing overlaps them, as with blocking calls. Runs before the phase was recorded
+        # have no share: taken as an engine's.
+        in_backward = ev.get("comm_backward_issue_share_by_kind") or {}
+        after = [k for k in issued_async if in_backward.get(k, 1.0) <= 0.5]
+        if issued_async and len(after) < len(issued_async):
             return [_overlapped_engine(e, bwd, ev, issuer, where, issued_async), *_framework_syncs(ev, e)]
         title = "Average gradients with DDP instead of blocking all-reduces after backward"
-        why = (f"the collectives come from {issuer!r} code{where} and block the training thread{spent}; DDP's bucketed "
+        how = ("are issued asynchronously after backward, so nothing overlaps them" if after else
+               "block the training thread")
+        why = (f"the collectives come from {issuer!r} code{where} and {how}{spent}; DDP's bucketed "
                "all-reduce starts during backward and overlaps with it (or register the all-reduce as a "
                "gradient hook with async_op=True and wait before the optimizer step)")
     return [_rec(
@@ -623,7 +630,7 @@ def _overlapped_engine(e: float, bwd: float, ev: dict[str, Any], issuer: str, wh
     comm_pct = 100.0 * comm_s / step_s if step_s > 0 else 0.0
     what = (f"the collectives come from {issuer!r} code{where}, issued with async_op=True during backward "
             f"({', '.join(kinds)}: {1e3 * comm_s:.3g} ms per step), and the training thread waits "
-            f"{1e3 * waited_s:.3g} ms per step for them (in Work.wait())")
+            f"{1e3 * waited_s:.3g} ms per step for them (Work.wait(), wait_tensor)")
     if comm_s > bwd_s:
         title = "Put fewer bytes on the wire: the engine's collectives outlast the backward they overlap"
         why = (f"{what}; they take longer than the backward compute they can hide behind ({1e3 * bwd_s:.3g} ms), so "

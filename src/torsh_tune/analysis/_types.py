@@ -137,7 +137,8 @@ class CommStats:
     last_transfer_s: float | None = None  # wire time of each step's last collective (never overlappable)
     wire_s: float | None = None  # per step: transfer without queueing behind the previous collective
     # Per (issuer, op), per step: {"issuer", "op", "count", "bytes", "time_s", "transfer_s", "origins"} and,
-    # where the records say, "async_share" (of its collectives issued with async_op) and "blocked_s" (the
+    # where the records say, "async_share" (of its collectives issued with async_op), "backward_issue_share"
+    # (of those, issued during a backward: overlapping it, as an engine's gradient buckets) and "blocked_s" (the
     # training thread's wait in the call or in Work.wait()); count, bytes, time_s and blocked_s the mean
     # across ranks, time_s its records' durations with a queued collective's wait behind the rank's previous
     # one left out (`service_s`: asynchronous ones in flight together are not summed twice), transfer_s per

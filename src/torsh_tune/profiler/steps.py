@@ -572,6 +572,13 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
         hook = shared.get("hook")
+        if hook is None and shared["async_op"]:
+            # Where it was issued: in the backward (an engine overlapping its gradients' all-reduces) or
+            # after it (issued, then waited for at once). The first phase that holds its start.
+            for phase, p0, p1 in phases:
+                if p0 <= s <= p1:
+                    c["phase"] = phase
+                    break
         if hook is not None and not device and hook != "builtin":
             e = _bounded_by_backward(c, s, e, phases)
         spans.append((s, e))
