@@ -66,14 +66,19 @@ def gpu_tests(timeout: float) -> dict[str, Any]:
     # Only the files that hold gpu-marked tests: collecting the whole suite needs packages
     # (playwright, optuna, dash) a lent GPU machine may not have.
     files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
-    proc = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "200", *files],
-                timeout=timeout)
+    # COLUMNS: the short summary cuts each failure's message to the terminal's width, 80 without one,
+    # which left nothing of it after a long test name (the fifth lease).
+    proc = _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "--timeout", "200",
+                 "--tb=short", *files], timeout=timeout, env={"COLUMNS": "400"})
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", tail[0])}
-    # The short summary's lines keep each failure's message: a lease may end before a rerun.
-    failed = [line[:400] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    # The short summary's lines keep each failure's message, and the tracebacks' "E" lines what the assertion
+    # saw: a lease may end before a rerun.
+    lines = proc.stdout.splitlines()
+    failed = [line[:400] for line in lines if line.startswith(("FAILED", "ERROR"))]
+    errors = [line[:400] for line in lines if line.startswith("E ")][:40]
     return {"status": "ok" if proc.returncode == 0 else f"exit {proc.returncode}", "wall_s": round(time.time() - t0, 1),
-            **counts, "failed_tests": failed, "summary": tail[0]}
+            **counts, "failed_tests": failed, "errors": errors, "summary": tail[0]}
 
 
 def profiled(name: str, script: Path, args: list[str], *, nproc: int, backend: str, runs: Path, steps: int,
@@ -222,6 +227,8 @@ def _table(result: dict[str, Any]) -> str:
         lines.append(f"{name:<34}{brief}")
         for line in value.get("failed_tests") or []:
             lines.append(f"{'  failed':<34}{line}")
+        for line in value.get("errors") or []:
+            lines.append(f"{'  E':<34}{line[1:].strip()}")
         sc = value.get("self_check")
         if isinstance(sc, dict):
             lines.append(f"{'  self-check (always-on vs trace)':<34}" + ", ".join(f"{k}={v}" for k, v in sc.items()))
@@ -289,6 +296,10 @@ def main() -> int:
         # An engine's own async all-reduces waited for before the optimizer step, on the device clock.
         run("overlap engine, 1 rank, nccl", "engine-nccl", SCRIPTS / "stack_overlap_engine.py",
             ["--width", "2048", "--batch-size", "256"], nproc=1, backend="nccl", window="20:5")
+        # Functional collectives (DTensor's and compiled code's API), issued after backward and waited for at
+        # first use: their device path (a tensor-parallel model issues none on one rank).
+        run("functional all-reduce, 1 rank, nccl", "funcol-nccl", SCRIPTS / "stack_allreduce.py",
+            ["--width", "2048", "--batch-size", "256", "--functional"], nproc=1, backend="nccl", window="20:5")
         run("ddp, 2 ranks on 1 gpu, gloo", "ddp-gloo-cuda", REPO / "examples" / "ddp_mlp.py",
             ["--hidden", "1024", "--steps", "100000", "--log-every", "100000"], nproc=2, backend="gloo", window="15:9")
         if not args.no_tests:
