@@ -266,9 +266,12 @@ def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> 
     if phases is None:
         return {"trace_compute_pct": busy, "trace_compute_basis": "kernels" if gpu else "operators",
                 "trace_kernel_compute_pct": busy, "trace_compute_outside_phases_pct": float("nan")}
-    return {"trace_compute_pct": float(phases["phase_compute_pct"]),
-            "trace_compute_basis": "phase kernel spans" if gpu else "phase spans",
-            "trace_kernel_compute_pct": busy, "trace_compute_outside_phases_pct": float(phases["busy_outside_pct"])}
+    out = {"trace_compute_pct": float(phases["phase_compute_pct"]),
+           "trace_compute_basis": "phase kernel spans" if gpu else "phase spans",
+           "trace_kernel_compute_pct": busy, "trace_compute_outside_phases_pct": float(phases["busy_outside_pct"])}
+    if gpu:  # the same phases as their CUDA events would read them (`traces.phase_spans`): idle edges included
+        out["trace_event_compute_pct"] = float(phases.get("event_phase_compute_pct", float("nan")))
+    return out
 
 
 def _always_on(records: pd.DataFrame) -> dict[str, Any]:

@@ -235,9 +235,12 @@ def self_check_clocks(check: dict[str, Any]) -> str:
     what = {"device": "GPU kernels", "host": "CPU operators and gloo worker spans"}.get(str(trace), "mixed")
     step = o.get("trace_step_clock")
     step_what = "ProfilerStep# spans" if step == "host" else "span / steps"
+    events = o.get("trace_event_compute_pct")
+    events = (f"; as the phases' CUDA events would read them, the edges where the device waited for the host "
+              f"included: {_pct(events)}" if isinstance(events, (int, float)) and events == events else "")
     basis = {"phase kernel spans": "; trace compute: the spans of the kernels launched in each probed phase, "
-                                   "idle gaps included, as the always-on CUDA events measure, less exposed "
-                                   f"communication (kernels busy {_pct(o.get('trace_kernel_compute_pct'))})",
+                                   "idle gaps between them included, less exposed communication (kernels busy "
+                                   f"{_pct(o.get('trace_kernel_compute_pct'))}{events})",
              "phase spans": "; trace compute: the probed phases less the communication the trace shows exposed "
                             f"in them (operators busy {_pct(o.get('trace_kernel_compute_pct'))} of the span, the "
                             "Python between them left out)",

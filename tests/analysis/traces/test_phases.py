@@ -58,6 +58,36 @@ def test_a_phase_on_a_gpu_is_the_span_of_the_kernels_launched_inside_it(tmp_path
     assert a.breakdown.set_index("rank").loc[0, "compute_pct"] == pytest.approx(100 * 1800 / 3700)
 
 
+def test_a_phase_on_a_gpu_is_also_read_as_its_cuda_events_would_read_it(tmp_path):
+    # An event completes once the host recorded it and the stream finished what was launched before:
+    # forward 300 (the window's start)-2500 (its second kernel ends after the annotation), backward
+    # 2500 (the forward's last kernel)-3600, optimizer 3650-4000. The kernel spans leave out the edges
+    # where the device waited for the host: 2500-2600 and 3650-3800.
+    a = _trace(tmp_path)
+    row = a.phases.set_index("rank").loc[0]
+    assert row["event_phase_compute_pct"] == pytest.approx(100 * (3300 + 350) / 3700)
+    assert row["phase_compute_pct"] == pytest.approx(100 * 3400 / 3700)
+
+
+def test_the_event_reading_follows_the_compute_stream_only(tmp_path):
+    # A copy kernel on a side stream (FSDP2's all-gather copy-in) launched in the forward runs until
+    # 3500: the compute stream's events do not wait for it, so the backward still starts at 2500.
+    ev = [_x("ProfilerStep#5", "user_annotation", 0, 10_000), _x("ProfilerStep#6", "user_annotation", 10_000, 5_000),
+          _x("torsh-tune::forward", "user_annotation", 100, 1000),
+          _x("torsh-tune::backward", "user_annotation", 1200, 1800)]
+    ev += _launch(200, 1, 300, 100) + _launch(900, 2, 2000, 500) + _launch(1300, 3, 2600, 1000)
+    side = _launch(1000, 4, 1050, 2450, "copy")
+    side[1]["tid"], side[1]["args"]["stream"] = STREAM + 1, STREAM + 1
+    ev += side + _launch(10_100, 5, 10_200, 300)
+    d = tmp_path / "w"
+    d.mkdir()
+    (d / "rank-0.json").write_text(json.dumps({"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1},
+                                               "traceEvents": ev}))
+    row = analyze_traces(d).phases.set_index("rank").loc[0]
+    lo, hi = 300, 3600  # the kernels' first start and last end, step 6 dropped
+    assert row["event_phase_compute_pct"] == pytest.approx(100 * (2500 - 300 + 3600 - 2500) / (hi - lo))
+
+
 def test_the_gpu_self_check_compares_the_phases_with_their_kernel_spans(tmp_path):
     a = _trace(tmp_path)
     # Device-clock step records whose phases span what the trace's kernels span (3.4 of 3.7 ms).
@@ -69,6 +99,8 @@ def test_the_gpu_self_check_compares_the_phases_with_their_kernel_spans(tmp_path
     assert row["trace_compute_basis"] == "phase kernel spans"
     assert row["compute_diff_pp"] == pytest.approx(0.0, abs=1e-6)
     assert row["trace_kernel_compute_pct"] == pytest.approx(100 * 1800 / 3700)
+    # Beside it, the phases as their events would read them (idle edges included).
+    assert row["trace_event_compute_pct"] == pytest.approx(100 * 3650 / 3700)
     assert not [f for f in check.findings if f["metric"] == "compute"]
     assert check.overall["trace_compute_basis"] == "phase kernel spans"
 

@@ -11,6 +11,15 @@ the host span itself.
 
 Phase compute, as the always-on tier counts it, is the phases' union less the exposed
 communication inside it (communication no compute kernel hides).
+
+Beside the kernel spans, `phase_spans(..., as_events=True)` reads each phase as its CUDA events
+would: an event completes once the host has recorded it and its stream has finished everything
+launched on it before, so the phase runs from max(annotation start, end of the stream's earlier
+kernels) to max(annotation end, end of the kernels launched before it closed). On a starved GPU
+the two differ by the idle edges (the device waiting for the host to launch a phase's first
+kernel, and for the host to leave the phase after its last): the always-on tier counts those,
+the kernel spans do not. Every lease so far read the always-on compute 6–9 pp above the kernel
+spans on such steps; the event reading says whether that gap is the edges or a misplaced event.
 """
 
 from __future__ import annotations
@@ -30,13 +39,17 @@ __all__ = ["PHASE_COLUMNS", "phase_spans", "phase_table"]
 _NONE = (np.empty(0), np.empty(0))
 
 PHASE_COLUMNS = ["rank", "device", "num_phases", "phase_s", "phase_compute_s", "phase_pct", "phase_compute_pct",
-                 "busy_outside_pct"]
+                 "busy_outside_pct", "event_phase_compute_pct"]
 _PHASE_RE = "^" + re.escape(PHASE_ANNOTATION_PREFIX) + r"(?:forward|backward|optimizer)$"
 
 
-def phase_spans(trace: TraceSet, rank: int, timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
+def phase_spans(trace: TraceSet, rank: int, timeline: Timeline, *,
+                as_events: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Each phase annotation's span (µs) on `timeline`'s clock: its kernels' span on a GPU
-    (annotations that launched none are left out), the annotation itself on a CPU."""
+    (annotations that launched none are left out), the annotation itself on a CPU.
+
+    `as_events` (GPU): the span its CUDA events on the compute stream would read (module
+    docstring), every annotation included."""
     ev = trace.ranks[rank].table
     ids = trace.symbols.ids_matching(_PHASE_RE)
     # The host's annotations (Kineto also writes a gpu_user_annotation of the same name on a GPU).
@@ -48,6 +61,8 @@ def phase_spans(trace: TraceSet, rank: int, timeline: Timeline) -> tuple[np.ndar
         return a0, a1
     if timeline.launch_us is None or a0.size == 0:
         return np.empty(0), np.empty(0)
+    if as_events:
+        return _event_spans(trace, rank, timeline, a0, a1)
     launched = ~np.isnan(timeline.launch_us)
     order = np.argsort(timeline.launch_us[launched], kind="stable")
     launch = timeline.launch_us[launched][order]
@@ -60,12 +75,42 @@ def phase_spans(trace: TraceSet, rank: int, timeline: Timeline) -> tuple[np.ndar
     return s, e
 
 
+def _event_spans(trace: TraceSet, rank: int, timeline: Timeline, a0: np.ndarray,
+                 a1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the compute stream reached each annotation's start and end, as an event recorded there
+    completes: the later of the host's time and the end of everything launched on the stream before."""
+    if timeline.rows is None:
+        return np.empty(0), np.empty(0)
+    stream = trace.ranks[rank].table["stream"][np.maximum(timeline.rows, 0)]
+    compute = (timeline.kind == COMPUTATION) & ~np.isnan(timeline.launch_us) & (timeline.rows >= 0)
+    if not compute.any():
+        return np.empty(0), np.empty(0)
+    # The compute stream, where the phases' events are recorded: the one most of the kernels launched inside
+    # the phases run on (a side stream's copies, FSDP2's all-gather copy-in, are fewer, if longer).
+    launch_all = np.where(compute, timeline.launch_us, np.nan)
+    inside = compute & np.zeros(compute.shape, dtype=bool)
+    for t0, t1 in zip(a0.tolist(), a1.tolist()):
+        inside |= (launch_all >= t0) & (launch_all <= t1)
+    streams, counts = np.unique(stream[inside if inside.any() else compute], return_counts=True)
+    on = compute & (stream == streams[int(np.argmax(counts))])
+    order = np.argsort(timeline.launch_us[on], kind="stable")
+    launch = timeline.launch_us[on][order]
+    done = np.maximum.accumulate(timeline.end_us[on][order])  # the stream's work finished by each launch's end
+    def reached(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(launch, t, side="right")  # kernels launched before (or at) t
+        prior = np.where(k > 0, done[np.maximum(k - 1, 0)], -np.inf)
+        return np.maximum(t, prior)
+    return reached(a0), reached(a1)
+
+
 def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
     """Per rank: the phases' union inside the analysed span, and its compute share.
 
     Returns:
         One row per rank with phase annotations: rank, device, num_phases, phase_s,
         phase_compute_s, phase_pct, phase_compute_pct (of the span `temporal_breakdown` uses);
+        event_phase_compute_pct (GPU, else NaN): phase_compute_pct with the spans the phases' CUDA
+        events would read (`phase_spans(..., as_events=True)`);
         busy_outside_pct: the compute kernels' (CPU: the main thread's operators') busy time
         outside the phases, e.g. a loss computed after the model's forward, gradient arithmetic
         after backward, copies of the batch to the device. On a CPU it counts operators only
@@ -97,7 +142,13 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
             starts = ev["ts_us"][loader]
             not_compute = tuple(np.concatenate(x) for x in zip(not_compute, (starts, starts + ev["dur_us"][loader])))
         operators = iv.subtract(iv.clip(tl.start_us[ops], tl.end_us[ops], lo, hi), not_compute)
+        event_pct = float("nan")
+        if tl.device == "gpu":
+            events = iv.merge(*iv.clip(*phase_spans(trace, rank, tl, as_events=True), lo, hi))
+            if events[0].size:
+                event_pct = pct(iv.total(*events) - iv.overlap(events, exposed))
         rows.append({"rank": rank, "device": tl.device, "num_phases": int(spans[0].size), "phase_s": phase / 1e6,
                      "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute),
-                     "busy_outside_pct": pct(iv.total(*operators) - iv.overlap(operators, union))})
+                     "busy_outside_pct": pct(iv.total(*operators) - iv.overlap(operators, union)),
+                     "event_phase_compute_pct": event_pct})
     return Table.from_rows(rows, PHASE_COLUMNS)
