@@ -88,7 +88,7 @@ def _event_spans(trace: TraceSet, rank: int, timeline: Timeline, a0: np.ndarray,
     # The compute stream, where the phases' events are recorded: the one most of the kernels launched inside
     # the phases run on (a side stream's copies, FSDP2's all-gather copy-in, are fewer, if longer).
     launch_all = np.where(compute, timeline.launch_us, np.nan)
-    inside = compute & np.zeros(compute.shape, dtype=bool)
+    inside = np.zeros(compute.shape, dtype=bool)
     for t0, t1 in zip(a0.tolist(), a1.tolist()):
         inside |= (launch_all >= t0) & (launch_all <= t1)
     streams, counts = np.unique(stream[inside if inside.any() else compute], return_counts=True)
@@ -96,11 +96,15 @@ def _event_spans(trace: TraceSet, rank: int, timeline: Timeline, a0: np.ndarray,
     order = np.argsort(timeline.launch_us[on], kind="stable")
     launch = timeline.launch_us[on][order]
     done = np.maximum.accumulate(timeline.end_us[on][order])  # the stream's work finished by each launch's end
-    def reached(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(launch, t, side="right")  # kernels launched before (or at) t
-        prior = np.where(k > 0, done[np.maximum(k - 1, 0)], -np.inf)
-        return np.maximum(t, prior)
-    return reached(a0), reached(a1)
+    return _reached(a0, launch, done), _reached(a1, launch, done)
+
+
+def _reached(t: np.ndarray, launch: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Where an event recorded at host times `t` completes: the later of `t` and the end of the stream's
+    work launched by then (`done`, its running maximum of kernel ends in launch order)."""
+    k = np.searchsorted(launch, t, side="right")
+    prior = np.where(k > 0, done[np.maximum(k - 1, 0)], -np.inf)
+    return np.maximum(t, prior)
 
 
 def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
