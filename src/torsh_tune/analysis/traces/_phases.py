@@ -87,11 +87,14 @@ def _event_spans(trace: TraceSet, rank: int, timeline: Timeline, a0: np.ndarray,
         return np.empty(0), np.empty(0)
     # The compute stream, where the phases' events are recorded: the one most of the kernels launched inside
     # the phases run on (a side stream's copies, FSDP2's all-gather copy-in, are fewer, if longer).
-    launch_all = np.where(compute, timeline.launch_us, np.nan)
-    inside = np.zeros(compute.shape, dtype=bool)
-    for t0, t1 in zip(a0.tolist(), a1.tolist()):
-        inside |= (launch_all >= t0) & (launch_all <= t1)
-    streams, counts = np.unique(stream[inside if inside.any() else compute], return_counts=True)
+    order = np.argsort(timeline.launch_us[compute], kind="stable")
+    launched, by_launch = timeline.launch_us[compute][order], stream[compute][order]
+    # Each annotation's kernels are one run of the launch order: mark the runs with a difference array.
+    edges = np.zeros(launched.size + 1, dtype=np.int64)
+    np.add.at(edges, np.searchsorted(launched, a0, side="left"), 1)
+    np.add.at(edges, np.searchsorted(launched, a1, side="right"), -1)
+    inside = np.cumsum(edges[:-1]) > 0
+    streams, counts = np.unique(by_launch[inside] if inside.any() else by_launch, return_counts=True)
     on = compute & (stream == streams[int(np.argmax(counts))])
     order = np.argsort(timeline.launch_us[on], kind="stable")
     launch = timeline.launch_us[on][order]
