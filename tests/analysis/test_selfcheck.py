@@ -117,6 +117,49 @@ def test_a_planted_disagreement_is_a_finding(run_copy):
     assert "reducer" not in comm["message"]
 
 
+@pytest.mark.parametrize("planted", ["every step", "one step"])
+def test_a_disagreement_in_every_step_is_told_from_one_steps(run_copy, planted):
+    # Rank 0 agrees step by step (tests/data/trace_window); planted: 6 ms more communication in each of its
+    # traced steps (a steady bias), or in step 9 alone.
+    steps = STEPS if planted == "every step" else range(9, 10)
+
+    def plant(r: dict) -> dict:
+        if r["step"] in steps:
+            r.update(comm_s=r["comm_s"] + 6e-3, exposed_comm_s=r["exposed_comm_s"] + 6e-3,
+                     backward_exposed_comm_s=r["backward_exposed_comm_s"] + 6e-3, backward_s=r["backward_s"] + 6e-3,
+                     step_s=r["step_s"] + 6e-3)
+        return r
+
+    run = run_copy(RUN)
+    rewrite_jsonl(run / "ranks" / "rank00000.steps.jsonl", plant)
+    (check,) = analyze_run(run, thresholds=ThresholdsConfig(selfcheck_pp=1.0)).self_check
+    row = _by_rank(check)[0]
+    where = row["per_step"]["comm"]
+    comm = next(f for f in check.findings if f["metric"] == "comm")
+    if planted == "every step":  # rank 0 is now the worst rank: the finding speaks of its steps
+        assert row["comm_diff_pp"] > 12 and where["median_step_diff_pp"] > 0.5 * row["comm_diff_pp"]
+        assert where["largest_step_pp"] < 0.5 * row["comm_diff_pp"]
+        assert comm["per_step"] == {"rank": 0, **where}
+        assert f"; the median step differs by {where['median_step_diff_pp']:+.1f} pp: the steps disagree alike" \
+            in comm["message"] and "alone makes" not in comm["message"]
+    else:  # rank 1's own stall in step 10 keeps it the worst rank; rank 0's row names step 9
+        assert where["largest_step"] == 9 and where["largest_step_pp"] > 0.8 * row["comm_diff_pp"] > 0
+        assert abs(where["median_step_diff_pp"]) < 1.0
+        assert comm["per_step"]["rank"] == 1 and "rank 1 always-on" in comm["message"]
+    # The steps' contributions add up to the pooled difference, less the trace's comm outside its step spans
+    # (none here: the window's span is its steps').
+    trace = analyze_traces(run / "traces" / WINDOW)
+    spans = [s for s in trace.tables["steps"].rows() if s["rank"] == 0]
+    span = next(r for r in trace.tables["breakdown"].rows() if r["rank"] == 0)["span_s"]
+    recs = [r for r in read_jsonl(run / "ranks" / "rank00000.steps.jsonl") if r["step"] in STEPS]
+    total = sum(r["step_s"] for r in recs)
+    by_step = {s["step"]: s["comm_s"] for s in spans}
+    contributions = {r["step"]: 100 * (r["comm_s"] / total - by_step[r["step"]] / span) for r in recs}
+    assert sum(contributions.values()) == pytest.approx(row["comm_diff_pp"], abs=0.05)
+    assert max(contributions, key=lambda s: abs(contributions[s])) == where["largest_step"]
+    assert contributions[where["largest_step"]] == pytest.approx(where["largest_step_pp"])
+
+
 def test_the_threshold_comes_from_the_run_config(run_copy):
     run = run_copy(RUN)
     config = json.loads((run / "config.json").read_text())
@@ -133,6 +176,16 @@ def test_the_threshold_comes_from_the_run_config(run_copy):
     assert {f["metric"] for f in check.findings} == {"step", "compute", "comm", "exposed_comm"}
     comm = next(f for f in check.findings if f["metric"] == "comm")
     assert comm["ranks"] == [1] and 4.0 < check.overall["comm_diff_pp"] < 7.0
+    # The finding finds that step itself: rank 1's step 10 makes nearly all of rank 1's +10.8 pp, the median
+    # step only about +2 pp.
+    where = comm["per_step"]
+    assert (where["rank"], where["largest_step"]) == (1, 10) and where["largest_step_pp"] > 9.0
+    assert abs(where["median_step_diff_pp"]) < 3.0
+    assert where["largest_step_always_on_s"] - where["largest_step_trace_s"] > 5e-3
+    assert (f"; step 10 alone makes +{where['largest_step_pp']:.1f} pp of it (always-on "
+            f"{1e3 * where['largest_step_always_on_s']:.2f} ms vs trace {1e3 * where['largest_step_trace_s']:.2f} ms of "
+            "communication in that step)") in comm["message"]
+    assert "one step disagrees" in comm["message"]
     # The fixture's DDP ran PyTorch's builtin all-reduce: its always-on comm is the reducer's window,
     # and a comm share above the trace's says what that window holds and how to time every bucket.
     assert {r["always_on_comm_basis"] for r in check.per_rank} == {"DDP reducer window"}

@@ -23,7 +23,8 @@ from .conftest import empty_analysis, make_analysis
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-@pytest.mark.parametrize("scenario", ["healthy", "data_bound", "comm_bound", "straggler", "crashed", "torn_line"])
+@pytest.mark.parametrize("scenario", ["healthy", "data_bound", "comm_bound", "straggler", "crashed", "torn_line",
+                                      "trace_window"])  # trace_window: a self_check with findings and per_step
 def test_every_fixture_report_validates(tmp_path, scenario):
     analysis = analyze_run(DATA / scenario)
     path = write_reports(analysis, DATA / scenario, out_dir=tmp_path)["json"]

@@ -202,6 +202,9 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             "trace_comm_pct": _share(o.get("comm_s"), span_s),
             "trace_exposed_comm_pct": _share(o.get("exposed_comm_s"), span_s),
         }
+        per_step = None if gpu else _per_step(records, mine, span_s)
+        if per_step is not None:
+            row["per_step"] = per_step
         rows.append(_with_diffs(row))
     if not rows:
         return None
@@ -290,6 +293,53 @@ def _always_on(records: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[str, dict[str, Any]] | None:
+    """Where a rank's disagreement on (exposed) communication lies: in one step, or in every step alike.
+
+    Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``) and the trace's inside the
+    step's ``ProfilerStep#`` span (`traces.step_table`). A step's contribution to the pooled
+    difference is 100 * (always-on / the compared steps' always-on time - trace / the window's span):
+    the contributions add up to ``<metric>_diff_pp``, less the trace's communication outside every
+    step span. The median over steps of each step's own share difference is what a typical step
+    reads. On a CPU only: a GPU's kernels are not inside the host's step spans.
+
+    Returns:
+        {"comm": ..., "exposed_comm": ...}, each with ``median_step_diff_pp``, ``largest_step``,
+        ``largest_step_pp`` (its contribution), ``largest_step_always_on_s`` and
+        ``largest_step_trace_s``; None without per-step trace spans.
+    """
+    if trace_steps is None or not len(trace_steps) or not span_s > 0:
+        return None
+    trace = {int(s): (float(t), float(c), float(e)) for s, t, c, e in zip(
+        *(trace_steps[k].tolist() for k in ("step", "step_s", "comm_s", "exposed_comm_s")))}
+    phases = phase_frame(records)
+    keep = phases["step"].astype(int).isin(list(trace)).to_numpy()
+    total = float(phases["step_s"].sum())
+    if not keep.any() or not total > 0:
+        return None
+    steps = phases["step"].astype(int).to_numpy()[keep]
+    step_s = phases["step_s"].to_numpy(dtype=float)[keep]
+    comm = pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).to_numpy(dtype=float)[keep]
+    out: dict[str, dict[str, Any]] = {}
+    for metric, always_on, column in (("comm", comm, 1), ("exposed_comm", phases["exposed_comm"].to_numpy(
+            dtype=float)[keep], 2)):
+        traced = np.asarray([trace[int(s)][column] for s in steps], dtype=float)
+        traced_step = np.asarray([trace[int(s)][0] for s in steps], dtype=float)
+        contribution = 100.0 * (always_on / total - traced / span_s)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            own = 100.0 * (always_on / step_s - traced / traced_step)
+        own = own[np.isfinite(own)]
+        i = int(np.argmax(np.abs(contribution)))
+        out[metric] = {
+            "median_step_diff_pp": float(np.median(own)) if own.size else float("nan"),
+            "largest_step": int(steps[i]),
+            "largest_step_pp": float(contribution[i]),
+            "largest_step_always_on_s": float(always_on[i]),
+            "largest_step_trace_s": float(traced[i]),
+        }
+    return out
+
+
 def _share(part: Any, total: float) -> float:
     if not isinstance(part, (int, float)) or not np.isfinite(part) or not total > 0:
         return float("nan")
@@ -352,7 +402,9 @@ def _findings(rows: list[dict[str, Any]], overall: dict[str, Any], threshold: fl
                    f"vs trace {fmt(tr)} ({shown['trace_step_clock' if metric == 'step' else 'trace_clock']} clock)")
         if shown is not overall:
             message += f"; mean of ranks {abs(overall[diff_key]):.1f}{unit_text}"
-        message += _why(metric, shown, tr)
+        steps = _where_in_steps(metric, shown if shown is not overall else worst, shown[diff_key],
+                                name_rank=shown is overall)
+        message += steps[0] + _why(metric, shown, tr)
         out.append({
             "metric": metric,
             "unit": unit,
@@ -363,8 +415,26 @@ def _findings(rows: list[dict[str, Any]], overall: dict[str, Any], threshold: fl
             "start_step": first,
             "end_step": last,
             "message": message,
+            **({"per_step": steps[1]} if steps[1] else {}),
         })
     return tuple(out)
+
+
+def _where_in_steps(metric: str, row: dict[str, Any], diff: float, *, name_rank: bool) -> tuple[str, dict[str, Any]]:
+    """The finding's words on where the disagreement lies (`_per_step`), and the numbers behind them."""
+    found = (row.get("per_step") or {}).get(metric)
+    if not found or not np.isfinite(diff):
+        return "", {}
+    detail = {"rank": int(row["rank"]), **found}
+    largest, median = found["largest_step_pp"], found["median_step_diff_pp"]
+    what = "communication" if metric == "comm" else "exposed communication"
+    who = f"rank {row['rank']}'s " if name_rank else ""
+    if abs(largest) >= 0.5 * abs(diff) and abs(median) < 0.5 * abs(diff):
+        return (f"; {who}step {found['largest_step']} alone makes {largest:+.1f} pp of it (always-on "
+                f"{_ms(found['largest_step_always_on_s'])} vs trace {_ms(found['largest_step_trace_s'])} of {what} "
+                f"in that step) and the median step differs by {median:+.1f} pp: one step disagrees, not the "
+                "measurement of every step (on a busy host, a thread that waited for a core inside it)"), detail
+    return f"; the median step differs by {median:+.1f} pp: the steps disagree alike", detail
 
 
 def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:
