@@ -376,6 +376,35 @@ def test_a_real_run_says_its_comm_is_the_reducers_window(real_run):
     assert [r["always_on_comm_basis"] for r in check.per_rank] == ["DDP reducer window"] * 2
 
 
+def test_a_real_runs_differences_add_up_over_its_steps(real_run):
+    # Every metric, compute from the phase annotations included: the steps' contributions (the trace's
+    # `step_table`, the step records) add up to the pooled difference, and the largest is the one reported.
+    run = real_run[0]
+    (check,) = analyze_run(run).self_check
+    trace = analyze_traces(run / "traces" / check.window)
+    for row in check.per_rank:
+        rank = row["rank"]
+        assert set(row["per_step"]) == {"comm", "exposed_comm", "compute"} and row["trace_compute_basis"] == "phase spans"
+        spans = {s["step"]: s for s in trace.tables["steps"].rows() if s["rank"] == rank}
+        span = next(r for r in trace.tables["breakdown"].rows() if r["rank"] == rank)["span_s"]
+        recs = [r for r in read_jsonl(run / "ranks" / f"rank{rank:05d}.steps.jsonl") if r["step"] in spans]
+        assert len(recs) == row["num_steps"] == 8
+        total = sum(r["step_s"] for r in recs)
+
+        def compute(r: dict) -> float:
+            return sum(max(0.0, r[f"{p}_s"] - (r[f"{p}_exposed_comm_s"] or 0.0)) for p in ("forward", "backward", "optimizer"))
+
+        always_on = {"comm": lambda r: r["comm_s"], "exposed_comm": lambda r: r["exposed_comm_s"], "compute": compute}
+        traced = {"comm": "comm_s", "exposed_comm": "exposed_comm_s", "compute": "phase_compute_s"}
+        for metric, where in row["per_step"].items():
+            contributions = {r["step"]: 100 * (always_on[metric](r) / total - spans[r["step"]][traced[metric]] / span)
+                             for r in recs}
+            # The trace's phases and collectives outside every ProfilerStep span (the window's edges) are left over.
+            assert sum(contributions.values()) == pytest.approx(row[f"{metric}_diff_pp"], abs=1.0), metric
+            assert contributions[where["largest_step"]] == pytest.approx(where["largest_step_pp"]), metric
+            assert abs(where["largest_step_pp"]) == pytest.approx(max(abs(v) for v in contributions.values()))
+
+
 @pytest.mark.parametrize("metric", [
     "compute", "comm", "exposed_comm",
 ])
@@ -391,3 +420,23 @@ def _rows(check) -> str:
     keys = ("step_diff_pct", "compute_diff_pp", "comm_diff_pp", "exposed_comm_diff_pp")
     return "; ".join(f"rank {r['rank']}: " + ", ".join(f"{k}={r[k]:+.1f}" for k in keys)
                      for r in (*check.per_rank, check.overall))
+
+
+@pytest.mark.parametrize(("largest", "median", "words"), [
+    (8.0, 1.0, "step 12 alone makes +8.0 pp of it (always-on 9.00 ms vs trace 2.00 ms of communication in that step) "
+               "and the median step differs by +1.0 pp: one step disagrees"),
+    (3.0, 7.0, "the median step differs by +7.0 pp: the steps disagree alike"),
+    (4.0, 2.0, "the median step differs by +2.0 pp and the largest single step (12) makes +4.0 pp: a few steps disagree"),
+])
+def test_a_findings_words_on_where_it_lies(largest, median, words):
+    from torsh_tune.analysis._selfcheck import _where_in_steps
+
+    where = {"median_step_diff_pp": median, "largest_step": 12, "largest_step_pp": largest,
+             "largest_step_always_on_s": 9e-3, "largest_step_trace_s": 2e-3}
+    row = {"rank": 3, "per_step": {"comm": where}}
+    text, detail = _where_in_steps("comm", row, 10.0, name_rank=False)
+    assert text.startswith("; " + words) and detail == {"rank": 3, **where}
+    assert _where_in_steps("comm", row, 10.0, name_rank=True)[0].startswith(
+        "; rank 3's step 12" if largest == 8.0 else "; the median")
+    assert _where_in_steps("step", row, 10.0, name_rank=False) == ("", {})  # no per-step view of the step time
+    assert _where_in_steps("compute", row, 10.0, name_rank=False) == ("", {})  # a trace without phase annotations

@@ -171,6 +171,25 @@ def test_unknown_or_forged_window_is_a_404(runs_dir, tmp_path, serve_runs):
         assert '"not-found"' in _trace_panel(c, "traced", window), window
 
 
+def test_trace_view_shows_the_self_check_of_its_window(runs_dir):
+    # tests/data/trace_window: a real run with its own window (steps 8-11); its always-on numbers disagree with
+    # the trace on rank 1's step 10 (a 5.9 ms stall inside DDP's reducer window, the README says).
+    add_run(runs_dir, "trace_window", "checked")
+    before = snapshot(runs_dir)
+    c = create_app(runs_dir).server.test_client()
+    body = json.loads(_trace_panel(c, "checked", "step00008-00011"))
+    text = json.dumps(body)
+    assert '"trace-self-check"' in text and "Self-check: the always-on numbers against this trace" in text
+    assert "mean of ranks" in text and "communication share (host / host)" in text
+    assert '"trace-self-check-findings"' in text and "step 10 alone makes" in text
+    # Same view, same signature: nothing to send again; nothing written into the run.
+    sig = body["response"]["tr-sig"]["data"]
+    assert sig and snapshot(runs_dir) == before
+    # The recorded window of a different run (tests/dashboard's traced run): its steps have records too.
+    add_traced_run(runs_dir)
+    assert '"trace-self-check"' in _trace_panel(c, "traced", WINDOW)
+
+
 def test_trace_paths_check_the_run_and_the_token(runs_dir):
     add_traced_run(runs_dir)
     add_run(runs_dir, "healthy")
@@ -222,6 +241,8 @@ def test_trace_view_in_the_browser(runs_dir, serve_runs, page):  # noqa: F811 (f
     assert "overlap %" in page.inner_text("#trace-ranks thead")
     assert page.locator("#trace-idle_causes tbody tr").count() == 2
     assert page.locator("#trace-top_kernels tbody tr").count() > 2
+    # The self-check of the window: the mean of ranks, then a row per rank.
+    assert page.locator("#trace-self-check tbody tr").count() == 3
     shot(page, "traces_view")
 
     page.click(f"[data-window='{BROKEN}'] a")  # a window still being written: one line, no 500

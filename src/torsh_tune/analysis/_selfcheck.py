@@ -294,24 +294,28 @@ def _always_on(records: pd.DataFrame) -> dict[str, Any]:
 
 
 def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[str, dict[str, Any]] | None:
-    """Where a rank's disagreement on (exposed) communication lies: in one step, or in every step alike.
+    """Where a rank's disagreement on compute or (exposed) communication lies: one step, or every step alike.
 
-    Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``) and the trace's inside the
-    step's ``ProfilerStep#`` span (`traces.step_table`). A step's contribution to the pooled
+    Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``; its phases' compute) and the
+    trace's inside the step's ``ProfilerStep#`` span (`traces.step_table`; compute: the phase annotations
+    less the communication exposed in them, as `phase_table` reads the window). A step's contribution to the pooled
     difference is 100 * (always-on / the compared steps' always-on time - trace / the window's span):
     the contributions add up to ``<metric>_diff_pp``, less the trace's communication outside every
     step span. The median over steps of each step's own share difference is what a typical step
     reads. On a CPU only: a GPU's kernels are not inside the host's step spans.
 
     Returns:
-        {"comm": ..., "exposed_comm": ...}, each with ``median_step_diff_pp``, ``largest_step``,
+        {"comm": ..., "exposed_comm": ..., "compute": ...} (compute with phase annotations only), each with
+        ``median_step_diff_pp``, ``largest_step``,
         ``largest_step_pp`` (its contribution), ``largest_step_always_on_s`` and
         ``largest_step_trace_s``; None without per-step trace spans.
     """
     if trace_steps is None or not len(trace_steps) or not span_s > 0:
         return None
-    trace = {int(s): (float(t), float(c), float(e)) for s, t, c, e in zip(
-        *(trace_steps[k].tolist() for k in ("step", "step_s", "comm_s", "exposed_comm_s")))}
+    columns = ["step_s", "comm_s", "exposed_comm_s", "phase_compute_s"]
+    columns = [c for c in columns if c in trace_steps.columns]
+    trace = {int(s): dict(zip(columns, (float(v) for v in values))) for s, *values in zip(
+        trace_steps["step"].tolist(), *(trace_steps[c].tolist() for c in columns))}
     phases = phase_frame(records)
     keep = phases["step"].astype(int).isin(list(trace)).to_numpy()
     total = float(phases["step_s"].sum())
@@ -319,12 +323,20 @@ def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[st
         return None
     steps = phases["step"].astype(int).to_numpy()[keep]
     step_s = phases["step_s"].to_numpy(dtype=float)[keep]
-    comm = pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).to_numpy(dtype=float)[keep]
+    metrics = {
+        "comm": (pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).to_numpy(dtype=float), "comm_s"),
+        "exposed_comm": (phases["exposed_comm"].to_numpy(dtype=float), "exposed_comm_s"),
+        # The phases' compute, when the trace has their annotations (`phase_table`'s basis), step by step.
+        "compute": ((phases["forward"] + phases["backward_compute"] + phases["optimizer"]).to_numpy(dtype=float),
+                    "phase_compute_s"),
+    }
     out: dict[str, dict[str, Any]] = {}
-    for metric, always_on, column in (("comm", comm, 1), ("exposed_comm", phases["exposed_comm"].to_numpy(
-            dtype=float)[keep], 2)):
-        traced = np.asarray([trace[int(s)][column] for s in steps], dtype=float)
-        traced_step = np.asarray([trace[int(s)][0] for s in steps], dtype=float)
+    for metric, (values, column) in metrics.items():
+        traced = np.asarray([trace[int(s)].get(column, float("nan")) for s in steps], dtype=float)
+        if not np.isfinite(traced).all():
+            continue
+        always_on = values[keep]
+        traced_step = np.asarray([trace[int(s)]["step_s"] for s in steps], dtype=float)
         contribution = 100.0 * (always_on / total - traced / span_s)
         with np.errstate(divide="ignore", invalid="ignore"):
             own = 100.0 * (always_on / step_s - traced / traced_step)
@@ -337,7 +349,7 @@ def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[st
             "largest_step_always_on_s": float(always_on[i]),
             "largest_step_trace_s": float(traced[i]),
         }
-    return out
+    return out or None
 
 
 def _share(part: Any, total: float) -> float:
@@ -427,14 +439,17 @@ def _where_in_steps(metric: str, row: dict[str, Any], diff: float, *, name_rank:
         return "", {}
     detail = {"rank": int(row["rank"]), **found}
     largest, median = found["largest_step_pp"], found["median_step_diff_pp"]
-    what = "communication" if metric == "comm" else "exposed communication"
+    what = {"comm": "communication", "exposed_comm": "exposed communication"}.get(metric, metric)
     who = f"rank {row['rank']}'s " if name_rank else ""
     if abs(largest) >= 0.5 * abs(diff) and abs(median) < 0.5 * abs(diff):
         return (f"; {who}step {found['largest_step']} alone makes {largest:+.1f} pp of it (always-on "
                 f"{_ms(found['largest_step_always_on_s'])} vs trace {_ms(found['largest_step_trace_s'])} of {what} "
                 f"in that step) and the median step differs by {median:+.1f} pp: one step disagrees, not the "
                 "measurement of every step (on a busy host, a thread that waited for a core inside it)"), detail
-    return f"; the median step differs by {median:+.1f} pp: the steps disagree alike", detail
+    if abs(median) >= 0.5 * abs(diff):
+        return f"; the median step differs by {median:+.1f} pp: the steps disagree alike", detail
+    return (f"; the median step differs by {median:+.1f} pp and the largest single step ({found['largest_step']}) "
+            f"makes {largest:+.1f} pp: a few steps disagree"), detail
 
 
 def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, quote
 from ..analysis import RunAnalysis
 from ..reports import (ALERT_COLUMNS, alert_cells, build_report_info, fmt_bytes, fmt_loss_deviation, fmt_s,
                        fmt_samples_s, fmt_value, gain_text, patch_to_toml)
+from ..reports._info import self_check_clocks, self_check_table
 from ..reports._tuning_markdown import ABLATION_COLUMNS, ablation_table
 from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES, params_text, varying_params
 from ._security import RunNotFound, check_token, install_guard, not_found_response
@@ -286,10 +287,11 @@ def create_app(runs_dir: str | os.PathLike[str], *, token: str | None = None, re
             return _not_found(f"No run named {str(run_id)[:200]!r}."), None, True
         except TraceWindowNotFound:
             return _not_found(f"No trace window named {str(window)[:200]!r} in run {run_id!r}."), None, True
-        sig = _digest(view.key)
+        check = _window_self_check(store, run_id, window) if view.error is None else None
+        sig = _digest((view.key, check))  # the self-check changes while a live run's step records land
         if sig == last_sig:
             raise PreventUpdate
-        return _trace_body(view), sig, not running  # a live run may still be writing this window
+        return _trace_body(view, check), sig, not running  # a live run may still be writing this window
 
     # -- compare ------------------------------------------------------------------------
 
@@ -697,8 +699,42 @@ def _trace_table(name: str, rows: list[dict[str, Any]]) -> Any:
         html.Thead(html.Tr([html.Th(label) for label, _ in columns])), html.Tbody(body)])
 
 
-def _trace_body(view: TraceView) -> Any:
-    """One analysed window: headline, findings, timeline, per-rank tables, warnings."""
+def _window_self_check(store: RunStore, run_id: str, window: str) -> dict[str, Any] | None:
+    """The run's self-check of this window (`RunAnalysis.self_check`, as report.json has it), or None."""
+    try:
+        checks = build_report_info(store.analysis(run_id)).self_check
+    except Exception:  # noqa: BLE001 - the trace view stands without it; the overview shows what failed
+        return None
+    return next((c for c in checks if c.get("window") == window), None)
+
+
+def _self_check_section(check: dict[str, Any] | None) -> list[Any]:
+    """The always-on numbers beside this window's, same steps (design principle 8), and what disagrees."""
+    _, html = _html()
+    if check is None:
+        return []
+    header, rows = self_check_table(check)
+    out: list[Any] = [
+        html.H3("Self-check: the always-on numbers against this trace, same steps"),
+        html.P(f"Steps {check['start_step']}-{check['end_step']}. Each cell: always-on / trace (always-on minus "
+               f"trace). Clocks: {self_check_clocks(check)}.", className="warnings"),
+        html.Table(className="trace", id="trace-self-check", children=[
+            html.Thead(html.Tr([html.Th(h) for h in header])),
+            html.Tbody([html.Tr([html.Td(c, className="" if i == 0 else "num") for i, c in enumerate(row)],
+                                **{"data-rank": row[0]}) for row in rows])]),
+    ]
+    findings = check.get("findings") or []
+    if findings:
+        out.append(html.Ul(id="trace-self-check-findings", children=[
+            html.Li(f["message"], **{"data-metric": str(f["metric"])}) for f in findings]))
+    else:
+        out.append(html.P(f"The two agree within {check['threshold_pp']:g} pp ([thresholds] selfcheck_pp; the step "
+                          "time within as many %).", id="trace-self-check-agrees", className="warnings"))
+    return out
+
+
+def _trace_body(view: TraceView, check: dict[str, Any] | None = None) -> Any:
+    """One analysed window: headline, findings, the self-check, timeline, per-rank tables, warnings."""
     dcc, html = _html()
     if view.error is not None:
         return [html.P(view.error, id="trace-error", className="trace-error")]
@@ -726,6 +762,7 @@ def _trace_body(view: TraceView) -> Any:
         html.P("Shares are % of the profiled window (whole ProfilerSteps), averaged over ranks; expected gains "
                "are % of the window, so of an average profiled step.", className="warnings"),
         *_finding_cards(view.bottlenecks, view.recommendations, view.median_step_s),
+        *_self_check_section(check),
         html.H3("Timeline of a typical step" + (f" (step {view.step})" if view.step is not None else "")),
     ]
     if view.figure is not None:

@@ -6,6 +6,7 @@ import numpy as np
 
 from . import _intervals as iv
 from ._model import TraceSet
+from ._phases import phase_spans
 from ._table import Table
 from ._timeline import COMMUNICATION, Timeline, step_spans
 
@@ -15,8 +16,12 @@ __all__ = ["step_table", "counterfactuals"]
 def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
     """One row per (rank, ProfilerStep): step_s, comm_s and exposed_comm_s inside it.
 
+    On a CPU also phase_compute_s: the always-on phases' annotations inside the step less the
+    communication exposed in them, `phase_table`'s compute step by step (NaN on a GPU, whose
+    kernels are not inside the host's step spans, and without phase annotations).
+
     Returns:
-        rank, step, start_us, step_s, comm_s, exposed_comm_s (empty without ProfilerStep).
+        rank, step, start_us, step_s, comm_s, exposed_comm_s, phase_compute_s (empty without ProfilerStep).
     """
     rows = []
     for rank, rt in traces.ranks.items():
@@ -26,13 +31,22 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
         # enclosing operator): each step's exposed comm then sums to the window's.
         comp = tl.compute_intervals()
         spans = step_spans(rt.table, traces.symbols)
+        phases = exposed = None
+        if tl.device != "gpu" and len(spans["step"]):
+            phases = iv.merge(*phase_spans(traces, rank, tl))
+            exposed = iv.subtract(comm, comp) if phases[0].size else None
         for step, start, end in zip(*(spans[c].tolist() for c in ("step", "start_us", "end_us"))):
             c = iv.clip(*comm, start, end)
             p = iv.clip(*comp, start, end)
             comm_t = iv.total(*c)
+            phase_compute = float("nan")
+            if exposed is not None:
+                u = iv.clip(*phases, start, end)
+                phase_compute = (iv.total(*u) - iv.overlap(u, iv.clip(*exposed, start, end))) / 1e6
             rows.append({"rank": rank, "step": step, "start_us": start, "step_s": (end - start) / 1e6,
-                         "comm_s": comm_t / 1e6, "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6})
-    return Table.from_rows(rows, ["rank", "step", "start_us", "step_s", "comm_s", "exposed_comm_s"])
+                         "comm_s": comm_t / 1e6, "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6,
+                         "phase_compute_s": phase_compute})
+    return Table.from_rows(rows, ["rank", "step", "start_us", "step_s", "comm_s", "exposed_comm_s", "phase_compute_s"])
 
 
 def counterfactuals(steps: Table) -> dict[str, float | int | None]:
