@@ -182,9 +182,9 @@ def test_the_threshold_comes_from_the_run_config(run_copy):
     assert (where["rank"], where["largest_step"]) == (1, 10) and where["largest_step_pp"] > 9.0
     assert abs(where["median_step_diff_pp"]) < 3.0
     assert where["largest_step_always_on_s"] - where["largest_step_trace_s"] > 5e-3
-    assert (f"; step 10 alone makes +{where['largest_step_pp']:.1f} pp of it (always-on "
-            f"{1e3 * where['largest_step_always_on_s']:.2f} ms vs trace {1e3 * where['largest_step_trace_s']:.2f} ms of "
-            "communication in that step)") in comm["message"]
+    ao_ms, trace_ms = 1e3 * where["largest_step_always_on_s"], 1e3 * where["largest_step_trace_s"]
+    assert (f"; step 10 alone makes +{where['largest_step_pp']:.1f} pp of it (always-on {ao_ms:.2f} ms vs trace "
+            f"{trace_ms:.2f} ms of communication in that step)") in comm["message"]
     assert "one step disagrees" in comm["message"]
     # The fixture's DDP ran PyTorch's builtin all-reduce: its always-on comm is the reducer's window,
     # and a comm share above the trace's says what that window holds and how to time every bucket.
@@ -384,7 +384,8 @@ def test_a_real_runs_differences_add_up_over_its_steps(real_run):
     trace = analyze_traces(run / "traces" / check.window)
     for row in check.per_rank:
         rank = row["rank"]
-        assert set(row["per_step"]) == {"comm", "exposed_comm", "compute"} and row["trace_compute_basis"] == "phase spans"
+        assert set(row["per_step"]) == {"comm", "exposed_comm", "compute"}
+        assert row["trace_compute_basis"] == "phase spans"
         spans = {s["step"]: s for s in trace.tables["steps"].rows() if s["rank"] == rank}
         span = next(r for r in trace.tables["breakdown"].rows() if r["rank"] == rank)["span_s"]
         recs = [r for r in read_jsonl(run / "ranks" / f"rank{rank:05d}.steps.jsonl") if r["step"] in spans]
@@ -392,7 +393,8 @@ def test_a_real_runs_differences_add_up_over_its_steps(real_run):
         total = sum(r["step_s"] for r in recs)
 
         def compute(r: dict) -> float:
-            return sum(max(0.0, r[f"{p}_s"] - (r[f"{p}_exposed_comm_s"] or 0.0)) for p in ("forward", "backward", "optimizer"))
+            return sum(max(0.0, r[f"{p}_s"] - (r[f"{p}_exposed_comm_s"] or 0.0))
+                       for p in ("forward", "backward", "optimizer"))
 
         always_on = {"comm": lambda r: r["comm_s"], "exposed_comm": lambda r: r["exposed_comm_s"], "compute": compute}
         traced = {"comm": "comm_s", "exposed_comm": "exposed_comm_s", "compute": "phase_compute_s"}
@@ -426,7 +428,10 @@ def _rows(check) -> str:
     (8.0, 1.0, "step 12 alone makes +8.0 pp of it (always-on 9.00 ms vs trace 2.00 ms of communication in that step) "
                "and the median step differs by +1.0 pp: one step disagrees"),
     (3.0, 7.0, "the median step differs by +7.0 pp: the steps disagree alike"),
-    (4.0, 2.0, "the median step differs by +2.0 pp and the largest single step (12) makes +4.0 pp: a few steps disagree"),
+    (4.0, 2.0, "the median step differs by +2.0 pp and the largest single step (12) makes +4.0 pp: "
+               "a few steps disagree"),
+    (-8.0, 1.0, "the median step differs by +1.0 pp and the largest single step (12) makes -8.0 pp: "
+                "a few steps disagree"),  # a step against the difference's sign does not make it
 ])
 def test_a_findings_words_on_where_it_lies(largest, median, words):
     from torsh_tune.analysis._selfcheck import _where_in_steps

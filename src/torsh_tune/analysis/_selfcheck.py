@@ -296,19 +296,18 @@ def _always_on(records: pd.DataFrame) -> dict[str, Any]:
 def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[str, dict[str, Any]] | None:
     """Where a rank's disagreement on compute or (exposed) communication lies: one step, or every step alike.
 
-    Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``; its phases' compute) and the
-    trace's inside the step's ``ProfilerStep#`` span (`traces.step_table`; compute: the phase annotations
-    less the communication exposed in them, as `phase_table` reads the window). A step's contribution to the pooled
-    difference is 100 * (always-on / the compared steps' always-on time - trace / the window's span):
-    the contributions add up to ``<metric>_diff_pp``, less the trace's communication outside every
-    step span. The median over steps of each step's own share difference is what a typical step
-    reads. On a CPU only: a GPU's kernels are not inside the host's step spans.
+    Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``; its phases' compute) and
+    the trace's inside the step's ``ProfilerStep#`` span (`traces.step_table`; compute: the phase
+    annotations less the communication exposed in them, as `phase_table` reads the window). A step's
+    contribution to the pooled difference is 100 * (always-on / the compared steps' always-on time -
+    trace / the window's span): the contributions add up to ``<metric>_diff_pp``, less what the trace
+    holds outside every step span. The median over steps of each step's own share difference is what
+    a typical step reads. On a CPU only: a GPU's kernels are not inside the host's step spans.
 
     Returns:
-        {"comm": ..., "exposed_comm": ..., "compute": ...} (compute with phase annotations only), each with
-        ``median_step_diff_pp``, ``largest_step``,
-        ``largest_step_pp`` (its contribution), ``largest_step_always_on_s`` and
-        ``largest_step_trace_s``; None without per-step trace spans.
+        {"comm": ..., "exposed_comm": ..., "compute": ...} (compute with phase annotations only), each
+        with ``median_step_diff_pp``, ``largest_step``, ``largest_step_pp`` (its contribution),
+        ``largest_step_always_on_s`` and ``largest_step_trace_s``; None without per-step trace spans.
     """
     if trace_steps is None or not len(trace_steps) or not span_s > 0:
         return None
@@ -441,7 +440,7 @@ def _where_in_steps(metric: str, row: dict[str, Any], diff: float, *, name_rank:
     largest, median = found["largest_step_pp"], found["median_step_diff_pp"]
     what = {"comm": "communication", "exposed_comm": "exposed communication"}.get(metric, metric)
     who = f"rank {row['rank']}'s " if name_rank else ""
-    if abs(largest) >= 0.5 * abs(diff) and abs(median) < 0.5 * abs(diff):
+    if largest * diff > 0 and abs(largest) >= 0.5 * abs(diff) and abs(median) < 0.5 * abs(diff):
         return (f"; {who}step {found['largest_step']} alone makes {largest:+.1f} pp of it (always-on "
                 f"{_ms(found['largest_step_always_on_s'])} vs trace {_ms(found['largest_step_trace_s'])} of {what} "
                 f"in that step) and the median step differs by {median:+.1f} pp: one step disagrees, not the "
