@@ -371,7 +371,8 @@ def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, 
         # DDP's broadcast of its buffers before every forward (a C++ binding, not a c10d function): the
         # BERT model's position and token type ids (the other two models have no buffers).
         broadcasts = _per_step_bytes(comm, collective="broadcast", issuer="ddp")
-        assert broadcasts == ({s: buffer_bytes for s in range(LONG_STEPS + WARMUP)} if buffer_bytes else {}), broadcasts
+        expected = {s: buffer_bytes for s in range(LONG_STEPS + WARMUP)} if buffer_bytes else {}
+        assert broadcasts == expected, broadcasts
         if script == "stack_hf_trainer.py":
             # The Trainer's own collective before every step: accelerate's gather of the batch's token count,
             # named by accelerate's function and by the Trainer method that called it.
