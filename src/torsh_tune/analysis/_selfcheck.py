@@ -187,7 +187,8 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         span_s = float(b["span_s"])
         trace_step_s = (float(np.median([prof[s] for s in compared])) if prof
                         else span_s / len(compared) if compared else float("nan"))
-        ao = _always_on(records)
+        split = phase_frame(records)  # the records' phases (`phases` holds the trace's)
+        ao = _always_on(records, split)
         row: dict[str, Any] = {
             "rank": rank,
             "num_steps": len(compared),
@@ -202,7 +203,7 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             "trace_comm_pct": _share(o.get("comm_s"), span_s),
             "trace_exposed_comm_pct": _share(o.get("exposed_comm_s"), span_s),
         }
-        per_step = None if gpu else _per_step(records, mine, span_s)
+        per_step = None if gpu else _per_step(records, split, mine, span_s)
         if per_step is not None:
             row["per_step"] = per_step
         rows.append(_with_diffs(row))
@@ -277,8 +278,12 @@ def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> 
     return out
 
 
-def _always_on(records: pd.DataFrame) -> dict[str, Any]:
-    phases = phase_frame(records)
+def _compute(phases: pd.DataFrame) -> pd.Series:
+    """The always-on compute of each record (`phase_frame`): its phases less the communication exposed in them."""
+    return phases["forward"] + phases["backward_compute"] + phases["optimizer"]
+
+
+def _always_on(records: pd.DataFrame, phases: pd.DataFrame) -> dict[str, Any]:
     total = float(phases["step_s"].sum())
     comm = pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).astype(float)
     clocks = sorted({str(c) for c in records["clock"].dropna()}) if "clock" in records.columns else []
@@ -286,14 +291,14 @@ def _always_on(records: pd.DataFrame) -> dict[str, Any]:
         "clock": "+".join(clocks) if clocks else "host",
         "clock_recorded": bool(clocks),
         "always_on_step_s": float(phases["step_s"].median()),
-        "always_on_compute_pct": _share(float((phases["forward"] + phases["backward_compute"]
-                                               + phases["optimizer"]).sum()), total),
+        "always_on_compute_pct": _share(float(_compute(phases).sum()), total),
         "always_on_comm_pct": _share(float(comm.sum()), total),
         "always_on_exposed_comm_pct": _share(float(phases["exposed_comm"].sum()), total),
     }
 
 
-def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[str, dict[str, Any]] | None:
+def _per_step(records: pd.DataFrame, phases: pd.DataFrame, trace_steps: Any,
+              span_s: float) -> dict[str, dict[str, Any]] | None:
     """Where a rank's disagreement on compute or (exposed) communication lies: one step, or every step alike.
 
     Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``; its phases' compute) and
@@ -315,7 +320,6 @@ def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[st
     columns = [c for c in columns if c in trace_steps.columns]
     trace = {int(s): dict(zip(columns, (float(v) for v in values))) for s, *values in zip(
         trace_steps["step"].tolist(), *(trace_steps[c].tolist() for c in columns))}
-    phases = phase_frame(records)
     keep = phases["step"].astype(int).isin(list(trace)).to_numpy()
     total = float(phases["step_s"].sum())
     if not keep.any() or not total > 0:
@@ -326,8 +330,7 @@ def _per_step(records: pd.DataFrame, trace_steps: Any, span_s: float) -> dict[st
         "comm": (pd.to_numeric(records["comm_s"], errors="coerce").fillna(0.0).to_numpy(dtype=float), "comm_s"),
         "exposed_comm": (phases["exposed_comm"].to_numpy(dtype=float), "exposed_comm_s"),
         # The phases' compute, when the trace has their annotations (`phase_table`'s basis), step by step.
-        "compute": ((phases["forward"] + phases["backward_compute"] + phases["optimizer"]).to_numpy(dtype=float),
-                    "phase_compute_s"),
+        "compute": (_compute(phases).to_numpy(dtype=float), "phase_compute_s"),
     }
     out: dict[str, dict[str, Any]] = {}
     for metric, (values, column) in metrics.items():

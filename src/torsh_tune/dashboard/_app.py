@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, quote
 from ..analysis import RunAnalysis
 from ..reports import (ALERT_COLUMNS, alert_cells, build_report_info, fmt_bytes, fmt_loss_deviation, fmt_s,
                        fmt_samples_s, fmt_value, gain_text, patch_to_toml)
-from ..reports._info import self_check_clocks, self_check_table
+from ..reports._info import self_check_clocks, self_check_dicts, self_check_table
 from ..reports._tuning_markdown import ABLATION_COLUMNS, ablation_table
 from ..reports.figures import FIGURE_TITLES, TUNING_FIGURE_TITLES, params_text, varying_params
 from ._security import RunNotFound, check_token, install_guard, not_found_response
@@ -702,7 +702,7 @@ def _trace_table(name: str, rows: list[dict[str, Any]]) -> Any:
 def _window_self_check(store: RunStore, run_id: str, window: str) -> dict[str, Any] | None:
     """The run's self-check of this window (`RunAnalysis.self_check`, as report.json has it), or None."""
     try:
-        checks = build_report_info(store.analysis(run_id)).self_check
+        checks = self_check_dicts(store.analysis(run_id))
     except Exception:  # noqa: BLE001 - the trace view stands without it; the overview shows what failed
         return None
     return next((c for c in checks if c.get("window") == window), None)

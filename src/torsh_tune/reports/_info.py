@@ -21,7 +21,7 @@ from ..errors import invalid
 from ._format import fmt_s
 
 __all__ = ["ALERT_COLUMNS", "REPORT_SCHEMA_VERSION", "ReportInfo", "alert_cells", "build_report_info",
-           "self_check_clocks", "self_check_table"]
+           "self_check_clocks", "self_check_dicts", "self_check_table"]
 
 #: Version of the ReportInfo/report.json layout; bumped on incompatible changes.
 REPORT_SCHEMA_VERSION = 1
@@ -177,7 +177,7 @@ def build_report_info(analysis: RunAnalysis, *, generated_at: str | None = None)
         recommendations=tuple(_plain([dataclasses.asdict(r) for r in a.recommendations])),
         strategy_advice=tuple(_plain(list(a.advice))),
         alerts=tuple(_plain([dataclasses.asdict(x) for x in a.alerts])),
-        self_check=tuple(_plain([dataclasses.asdict(c) for c in a.self_check])),
+        self_check=self_check_dicts(a),
         partial=bool(a.partial),
         warnings=tuple(str(w) for w in a.warnings),
     )
@@ -217,6 +217,11 @@ def alert_cells(alert: dict[str, Any]) -> dict[str, str]:
         "threshold": f"{alert.get('comparison', '')} {num(alert.get('threshold'))}".strip(),
         "message": str(alert.get("message", "")),
     }
+
+
+def self_check_dicts(a: RunAnalysis) -> tuple[dict[str, Any], ...]:
+    """The run's self-checks as report.json holds them (`ReportInfo.self_check`: plain JSON types)."""
+    return tuple(_plain([dataclasses.asdict(c) for c in a.self_check]))
 
 
 def self_check_clocks(check: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _intervals as iv
 from ._model import TraceSet
-from ._phases import phase_spans
+from ._phases import phase_compute_intervals
 from ._table import Table
 from ._timeline import COMMUNICATION, Timeline, step_spans
 
@@ -31,17 +31,15 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
         # enclosing operator): each step's exposed comm then sums to the window's.
         comp = tl.compute_intervals()
         spans = step_spans(rt.table, traces.symbols)
-        phases = exposed = None
-        if tl.device != "gpu" and len(spans["step"]):
-            phases = iv.merge(*phase_spans(traces, rank, tl))
-            exposed = iv.subtract(comm, comp) if phases[0].size else None
+        phases = phase_compute_intervals(traces, rank, tl) if tl.device != "gpu" and len(spans["step"]) else None
         for step, start, end in zip(*(spans[c].tolist() for c in ("step", "start_us", "end_us"))):
             c = iv.clip(*comm, start, end)
             p = iv.clip(*comp, start, end)
             comm_t = iv.total(*c)
             phase_compute = float("nan")
-            if exposed is not None:
-                u = iv.clip(*phases, start, end)
+            if phases is not None:
+                _, union, exposed = phases
+                u = iv.clip(*union, start, end)
                 phase_compute = (iv.total(*u) - iv.overlap(u, iv.clip(*exposed, start, end))) / 1e6
             rows.append({"rank": rank, "step": step, "start_us": start, "step_s": (end - start) / 1e6,
                          "comm_s": comm_t / 1e6, "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6,

@@ -34,7 +34,7 @@ from ._model import TraceSet
 from ._table import Table
 from ._timeline import COMMUNICATION, COMPUTATION, LOADER_ANNOTATION, Timeline
 
-__all__ = ["PHASE_COLUMNS", "phase_spans", "phase_table"]
+__all__ = ["PHASE_COLUMNS", "phase_compute_intervals", "phase_spans", "phase_table"]
 
 _NONE = (np.empty(0), np.empty(0))
 
@@ -110,6 +110,17 @@ def _reached(t: np.ndarray, launch: np.ndarray, done: np.ndarray) -> np.ndarray:
     return np.maximum(t, prior)
 
 
+def phase_compute_intervals(trace: TraceSet, rank: int, tl: Timeline) -> tuple[int, tuple, tuple] | None:
+    """(number of phase spans, their union inside the analysed span, the exposed communication): phase
+    compute is the union less its overlap with the exposed communication, over the window
+    (`phase_table`) or a step (`step_table`). None without phase annotations."""
+    spans = phase_spans(trace, rank, tl)
+    if spans[0].size == 0:
+        return None
+    comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
+    return int(spans[0].size), iv.merge(*iv.clip(*spans, *tl.window_us)), iv.subtract(comm, tl.compute_intervals())
+
+
 def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
     """Per rank: the phases' union inside the analysed span, and its compute share.
 
@@ -127,13 +138,11 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
     """
     rows = []
     for rank, tl in timelines.items():
-        spans = phase_spans(trace, rank, tl)
-        if spans[0].size == 0:
+        intervals = phase_compute_intervals(trace, rank, tl)
+        if intervals is None:
             continue
+        num_phases, union, exposed = intervals
         lo, hi = tl.window_us
-        union = iv.merge(*iv.clip(*spans, lo, hi))
-        comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
-        exposed = iv.subtract(comm, tl.compute_intervals())
         phase = iv.total(*union)
         compute = phase - iv.overlap(union, exposed)
         span = hi - lo
@@ -154,7 +163,7 @@ def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
             events = iv.merge(*iv.clip(*phase_spans(trace, rank, tl, as_events=True), lo, hi))
             if events[0].size:
                 event_pct = pct(iv.total(*events) - iv.overlap(events, exposed))
-        rows.append({"rank": rank, "device": tl.device, "num_phases": int(spans[0].size), "phase_s": phase / 1e6,
+        rows.append({"rank": rank, "device": tl.device, "num_phases": num_phases, "phase_s": phase / 1e6,
                      "phase_compute_s": compute / 1e6, "phase_pct": pct(phase), "phase_compute_pct": pct(compute),
                      "busy_outside_pct": pct(iv.total(*operators) - iv.overlap(operators, union)),
                      "event_phase_compute_pct": event_pct})
