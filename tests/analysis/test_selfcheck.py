@@ -255,10 +255,19 @@ def test_a_gpu_trace_is_device_time_and_leaves_the_cut_off_last_step_out():
     check = self_check(steps, trace, window="w", window_steps=(551, 552), threshold_pp=10.0)
     assert (check.start_step, check.end_step, check.device) == (551, 551, "gpu")
     row = _by_rank(check)[0]
-    assert (row["always_on_clock"], row["trace_clock"], row["trace_step_clock"]) == ("device", "device", "host")
+    # Device-clock records: the trace's step time is the device span of the step's kernels too.
+    assert (row["always_on_clock"], row["trace_clock"], row["trace_step_clock"]) == ("device", "device", "device")
     assert row["always_on_comm_pct"] == pytest.approx(100 * 0.2 / 0.6)
     assert row["always_on_compute_pct"] == pytest.approx(100 * (0.1 + 0.3 - 0.1 + 0.05) / 0.6)
-    assert row["trace_step_s"] == pytest.approx(trace.steps.query("rank == 0 and step == 551")["step_s"].item())
+    step = trace.steps.query("rank == 0 and step == 551")
+    assert row["trace_step_s"] == pytest.approx(step["device_step_s"].item())
+    assert row["trace_step_s"] != pytest.approx(step["step_s"].item(), rel=1e-3)  # not the host's span (0.607 s)
+    assert set(row["per_step"]) == {"comm", "exposed_comm"}  # no phase annotations in HTA's trace
+    # Host-clock records (a GPU step the probes timed on the host) are compared with the host's spans.
+    host = self_check(steps.assign(clock="host"), trace, window="w", window_steps=(551, 552), threshold_pp=10.0)
+    row = _by_rank(host)[0]
+    assert row["trace_step_clock"] == "host"
+    assert row["trace_step_s"] == pytest.approx(step["step_s"].item())
     assert row["trace_compute_pct"] == pytest.approx(trace.breakdown.set_index("rank").loc[0, "compute_pct"])
 
 

@@ -7,8 +7,10 @@ both tiers can be read over exactly the same steps. Per rank, and as the mean of
 =====================  ==============================================  ==========================================
 metric                 always-on (step records of the compared steps)  trace (`analyze_traces` of the window)
 =====================  ==============================================  ==========================================
-step time              median ``step_s``                               median ``ProfilerStep#`` span (host), else
-                                                                       span / steps
+step time              median ``step_s``                               median ``ProfilerStep#`` span (host); GPU with
+                                                                       device-clock records: median device span of
+                                                                       the kernels each step launched; else span /
+                                                                       steps
 compute share          (forward + backward compute + optimizer) /      the phase annotations (GPU: the spans of
                        step time (`phase_frame`)                       their kernels) less the comm exposed in
                                                                        them (`phase_table`); busy time and the
@@ -25,7 +27,9 @@ Clocks: the always-on side is the step records' ``clock`` ("host" or "device") w
 carry one, else "host" (what the step probes time), marked as assumed. The trace's shares
 are device time on a GPU (kernels) and host time on a CPU (main-thread operators, gloo
 worker spans, and the main thread's waits for collectives, which no event records); its
-step time is host time (``ProfilerStep#`` annotations). On a GPU the
+step time is on the always-on side's clock where the trace has it: host time (``ProfilerStep#``
+annotations), or on a GPU against device-clock records the device span of the kernels each step
+launched (``trace_step_basis``). On a GPU the
 trace analysis drops the kernels of the window's last step (cut off by the end of the
 window, as HTA does), so that step is left out of both sides.
 """
@@ -185,17 +189,28 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
                             "measured there")
         covered += compared
         span_s = float(b["span_s"])
-        trace_step_s = (float(np.median([prof[s] for s in compared])) if prof
-                        else span_s / len(compared) if compared else float("nan"))
         split = phase_frame(records)  # the records' phases (`phases` holds the trace's)
         ao = _always_on(records, split)
+        # The trace's step time on the always-on side's clock: device-clock records against the device span
+        # of each step's kernels (`traces.step_table`'s device_step_s), host-clock ones against its host span.
+        device = _device_steps(mine) if gpu and ao["clock"] == "device" else {}
+        if compared and all(s in device for s in compared):
+            trace_step_s, step_clock, step_basis = float(np.median([device[s] for s in compared])), "device", \
+                STEP_KERNEL_SPANS
+        elif prof:
+            trace_step_s, step_clock, step_basis = float(np.median([prof[s] for s in compared])), "host", \
+                STEP_ANNOTATIONS
+        else:
+            trace_step_s = span_s / len(compared) if compared else float("nan")
+            step_clock, step_basis = ("device" if gpu else "host"), STEP_SPAN_SHARE
         row: dict[str, Any] = {
             "rank": rank,
             "num_steps": len(compared),
             "always_on_clock": ao.pop("clock"),
             "always_on_clock_recorded": ao.pop("clock_recorded"),
             "trace_clock": "device" if gpu else "host",
-            "trace_step_clock": "host" if prof else "device" if gpu else "host",
+            "trace_step_clock": step_clock,
+            "trace_step_basis": step_basis,
             **ao,
             **({} if comm is None else {"always_on_comm_basis": comm_basis(comm, rank, compared)}),
             "trace_step_s": trace_step_s,
@@ -203,7 +218,7 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
             "trace_comm_pct": _share(o.get("comm_s"), span_s),
             "trace_exposed_comm_pct": _share(o.get("exposed_comm_s"), span_s),
         }
-        per_step = None if gpu else _per_step(records, split, mine, span_s)
+        per_step = _per_step(records, split, mine, span_s, gpu=gpu)
         if per_step is not None:
             row["per_step"] = per_step
         rows.append(_with_diffs(row))
@@ -222,6 +237,21 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         findings=_findings(rows, overall, threshold_pp, first, last),
     )
 
+
+def _device_steps(trace_steps: Any) -> dict[int, float]:
+    """{step: the device span of its kernels (s)} of one rank's trace steps, for the steps that launched any."""
+    if not len(trace_steps) or "device_step_s" not in trace_steps.columns:
+        return {}
+    return {int(s): float(v) for s, v in zip(trace_steps["step"].tolist(), trace_steps["device_step_s"].tolist())
+            if np.isfinite(v)}
+
+
+#: ``trace_step_basis``: what the trace's step time is. The ``ProfilerStep#`` annotations (host clock); on a
+#: GPU with device-clock records, the device span of the kernels each step launched (`traces.step_table`'s
+#: ``device_step_s``); without step annotations, the analysed span over the number of steps.
+STEP_ANNOTATIONS = "ProfilerStep# spans"
+STEP_KERNEL_SPANS = "kernel spans per step"
+STEP_SPAN_SHARE = "span / steps"
 
 #: ``always_on_comm_basis``: what the always-on communication of the compared steps is made of.
 REDUCER_WINDOW = "DDP reducer window"
@@ -297,30 +327,36 @@ def _always_on(records: pd.DataFrame, phases: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _per_step(records: pd.DataFrame, phases: pd.DataFrame, trace_steps: Any,
-              span_s: float) -> dict[str, dict[str, Any]] | None:
+def _per_step(records: pd.DataFrame, phases: pd.DataFrame, trace_steps: Any, span_s: float, *,
+              gpu: bool = False) -> dict[str, dict[str, Any]] | None:
     """Where a rank's disagreement on compute or (exposed) communication lies: one step, or every step alike.
 
     Per compared step, the always-on record's ``comm_s`` (``exposed_comm_s``; its phases' compute) and
-    the trace's inside the step's ``ProfilerStep#`` span (`traces.step_table`; compute: the phase
-    annotations less the communication exposed in them, as `phase_table` reads the window). A step's
+    the trace's inside the step (`traces.step_table`: on a CPU its ``ProfilerStep#`` span; on a GPU the
+    device span of the kernels launched inside it, ``device_step_s``; compute: the phase annotations'
+    spans less the communication exposed in them, as `phase_table` reads the window). A step's
     contribution to the pooled difference is 100 * (always-on / the compared steps' always-on time -
     trace / the window's span): the contributions add up to ``<metric>_diff_pp``, less what the trace
-    holds outside every step span. The median over steps of each step's own share difference is what
-    a typical step reads. On a CPU only: a GPU's kernels are not inside the host's step spans.
+    holds outside every step. The median over steps of each step's own share difference (the trace's
+    over the step's span on the trace's clock: host on a CPU, device on a GPU) is what a typical step reads.
 
     Returns:
         {"comm": ..., "exposed_comm": ..., "compute": ...} (compute with phase annotations only), each
         with ``median_step_diff_pp``, ``largest_step``, ``largest_step_pp`` (its contribution),
-        ``largest_step_always_on_s`` and ``largest_step_trace_s``; None without per-step trace spans.
+        ``largest_step_always_on_s`` and ``largest_step_trace_s``; None without per-step trace numbers.
     """
     if trace_steps is None or not len(trace_steps) or not span_s > 0:
         return None
-    columns = ["step_s", "comm_s", "exposed_comm_s", "phase_compute_s"]
-    columns = [c for c in columns if c in trace_steps.columns]
+    span_column = "device_step_s" if gpu else "step_s"
+    columns = [c for c in ("step_s", "device_step_s", "comm_s", "exposed_comm_s", "phase_compute_s")
+               if c in trace_steps.columns]
+    if span_column not in columns:
+        return None
     trace = {int(s): dict(zip(columns, (float(v) for v in values))) for s, *values in zip(
         trace_steps["step"].tolist(), *(trace_steps[c].tolist() for c in columns))}
-    keep = phases["step"].astype(int).isin(list(trace)).to_numpy()
+    # Steps the trace has numbers for: on a GPU, those that launched kernels (not the dropped last one).
+    known = [s for s, v in trace.items() if np.isfinite(v[span_column])]
+    keep = phases["step"].astype(int).isin(known).to_numpy()
     total = float(phases["step_s"].sum())
     if not keep.any() or not total > 0:
         return None
@@ -338,7 +374,7 @@ def _per_step(records: pd.DataFrame, phases: pd.DataFrame, trace_steps: Any,
         if not np.isfinite(traced).all():
             continue
         always_on = values[keep]
-        traced_step = np.asarray([trace[int(s)]["step_s"] for s in steps], dtype=float)
+        traced_step = np.asarray([trace[int(s)][span_column] for s in steps], dtype=float)
         contribution = 100.0 * (always_on / total - traced / span_s)
         with np.errstate(divide="ignore", invalid="ignore"):
             own = 100.0 * (always_on / step_s - traced / traced_step)
@@ -380,7 +416,8 @@ def _overall(rows: list[dict[str, Any]], *, num_steps: int) -> dict[str, Any]:
         "rank": None,
         "num_steps": num_steps,
         **{c: "+".join(sorted({str(r[c]) for r in rows})) for c in ("always_on_clock", "trace_clock",
-                                                                     "trace_step_clock", "trace_compute_basis")},
+                                                                     "trace_step_clock", "trace_step_basis",
+                                                                     "trace_compute_basis")},
         **({"always_on_comm_basis": _joined_bases(r["always_on_comm_basis"] for r in rows)}
            if "always_on_comm_basis" in rows[0] else {}),
         "always_on_clock_recorded": all(r["always_on_clock_recorded"] for r in rows),

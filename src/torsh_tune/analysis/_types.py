@@ -209,7 +209,8 @@ class SelfCheck:
     points) for m in compute, comm, exposed_comm; the clocks: ``always_on_clock`` ("host" or
     "device", as the step records say; "host" when ``always_on_clock_recorded`` is False),
     ``trace_clock`` of the shares ("device": GPU kernels, "host": CPU operators) and
-    ``trace_step_clock`` (host: ``ProfilerStep#`` spans).
+    ``trace_step_clock`` with ``trace_step_basis`` (host: ``ProfilerStep#`` spans; device: the
+    device spans of the kernels each step launched, on a GPU against device-clock records).
     """
 
     window: str  # trace directory name under RUN/traces

@@ -233,13 +233,18 @@ def self_check_clocks(check: dict[str, Any]) -> str:
         >>> print(text.replace("; ", "\\n"))
         always-on: device clock (as recorded)
         trace: device clock (GPU kernels), step time host clock (ProfilerStep# spans)
+        >>> print(self_check_clocks({"overall": {"always_on_clock": "device", "always_on_clock_recorded": True,
+        ...                                      "trace_clock": "device", "trace_step_clock": "device",
+        ...                                      "trace_step_basis": "kernel spans per step"}}).split("; ")[1])
+        trace: device clock (GPU kernels), step time device clock (the device span of the kernels each step launched)
     """
     o = check.get("overall") or {}
     recorded = "as recorded" if o.get("always_on_clock_recorded") else "assumed: the step records carry no clock"
     trace = o.get("trace_clock")
     what = {"device": "GPU kernels", "host": "CPU operators and gloo worker spans"}.get(str(trace), "mixed")
     step = o.get("trace_step_clock")
-    step_what = "ProfilerStep# spans" if step == "host" else "span / steps"
+    step_what = {"kernel spans per step": "the device span of the kernels each step launched"}.get(
+        str(o.get("trace_step_basis")), "ProfilerStep# spans" if step == "host" else "span / steps")
     events = o.get("trace_event_compute_pct")
     events = (f"; as the phases' CUDA events would read them, the edges where the device waited for the host "
               f"included: {_pct(events)}" if isinstance(events, (int, float)) and events == events else "")
