@@ -112,8 +112,15 @@ def _self_check(doc: dict[str, Any]) -> dict[str, Any] | None:
         return None
     row = windows[0]
     overall = row.get("overall") or {}
+    # Where each rank's differences lie (per_step: the median step's own difference, the step weighing most).
+    where = [f"r{r.get('rank')} {m}: median {w['median_step_diff_pp']:+.1f} pp, step {w['largest_step']} "
+             f"{w['largest_step_pp']:+.1f} pp" for r in row.get("per_rank") or [] if isinstance(r, dict)
+             for m, w in (r.get("per_step") or {}).items()
+             if isinstance(w, dict) and all(isinstance(w.get(k), (int, float)) for k in
+                                            ("median_step_diff_pp", "largest_step", "largest_step_pp"))]
     return {"window": row.get("window"), **{k: v for k, v in overall.items()
-            if isinstance(v, (int, float, str)) or v is None}, "findings": len(row.get("findings") or [])}
+            if isinstance(v, (int, float, str)) or v is None}, "findings": len(row.get("findings") or []),
+            **({"per_step": "; ".join(where)} if where else {})}
 
 
 def _records(run: Path) -> dict[str, Any]:
