@@ -182,9 +182,11 @@ def saturated_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("saturated")
     (root / "profiler.toml").write_text("[profiler]\nsystem_interval_s = 0.2\n")
     core = min(os.sched_getaffinity(0))
-    # 24 measured steps of ~20 ms: a window of several sampler intervals (0.2 s), so both ranks have
-    # samples inside it (with 6 steps, 0.12 s, a rank had one or none by chance).
-    cmd = [sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", "2", "--steps", "24",
+    # 48 measured steps of ~20 ms: a window of several sampler intervals (0.2 s), so both ranks have
+    # samples inside it (with 6 steps, 0.12 s, a rank had one or none by chance), and one sample with
+    # some idle (iowait counts as idle) weighs little in the mean: with 24 steps, beside a test suite,
+    # the core once read 0.07 idle per rank and the verdict sized workers instead.
+    cmd = [sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", "2", "--steps", "48",
            "--warmup-steps", "1", "--config", str(root / "profiler.toml"), "--runs-dir", str(root),
            "--run-name", "cpu", str(DATA / "scripts" / "cpu_collate.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
