@@ -11,6 +11,8 @@ import json
 import pytest
 import torch
 
+from torsh_tune.analysis import analyze_run
+from torsh_tune.analysis.traces import analyze_traces
 from torsh_tune.rundir import RunDir
 
 from helpers import EXAMPLES, SCRIPTS, read_jsonl, run_cli
@@ -52,6 +54,23 @@ def test_ddp_on_nccl_records_device_time_beside_the_host_time(tmp_path):
     assert all(s.get("comm_timed", True) is (s["step"] in sampled) for s in steps)
     meta = json.loads(run.rank_file(0, "meta").read_text())
     assert meta["device"] == "cuda" and (meta["nvml"] == "ok" or meta["nvml"].startswith("matched by index"))
+    _assert_device_steps(run)
+
+
+def _assert_device_steps(run: RunDir) -> None:
+    """The trace window's steps are the device spans of the kernels each step launched, and they tile the window:
+    the self-check compares the device-clock records with them, step by step."""
+    (window,) = [d for d in run.traces.iterdir() if d.is_dir()]
+    trace = analyze_traces(window)
+    steps, span = trace.steps, trace.breakdown["span_s"].iloc[0]
+    device = steps["device_step_s"].dropna()
+    assert len(device) == len(steps) - 1, steps  # the last step's kernels are dropped with it
+    assert 0.9 * span <= device.sum() <= span * 1.0001, (device.tolist(), span)
+    assert steps["comm_s"].sum() == pytest.approx(trace.overlap["comm_s"].iloc[0], rel=0.05, abs=1e-5)
+    (check,) = analyze_run(run.path).self_check
+    row = check.per_rank[0]
+    assert (row["trace_step_clock"], row["trace_step_basis"]) == ("device", "kernel spans per step"), row
+    assert "comm" in (row.get("per_step") or {}), row
 
 
 def test_a_hand_written_nccl_all_reduce_is_timed_on_the_device(tmp_path):
