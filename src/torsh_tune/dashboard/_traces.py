@@ -56,8 +56,10 @@ TRACE_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
                    ("max lateness", "max_lateness_s")),
     "top_kernels": (("rank", "rank"), ("name", "name"), ("kind", "kind"), ("count", "count"),
                     ("total", "total_s"), ("mean", "mean_us"), ("max", "max_us"), ("share %", "share_pct")),
-    "steps": (("rank", "rank"), ("step", "step"), ("step time", "step_s"), ("comm", "comm_s"),
-              ("exposed comm", "exposed_comm_s")),
+    # GPU: what is inside a step is the device span of the kernels it launched ("device step"); the step
+    # time is its ProfilerStep# span on the host.
+    "steps": (("rank", "rank"), ("step", "step"), ("step time (host)", "step_s"), ("device step", "device_step_s"),
+              ("comm", "comm_s"), ("exposed comm", "exposed_comm_s")),
 }
 
 
