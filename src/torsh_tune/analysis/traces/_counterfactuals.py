@@ -88,9 +88,11 @@ def device_step_spans(tl: Timeline, start_us: np.ndarray, end_us: np.ndarray) ->
     np.minimum.at(first, step, tl.start_us[launched])
     np.maximum.at(last, step, tl.end_us[launched])
     has = np.flatnonzero(np.isfinite(first))
-    starts = np.maximum.accumulate(first[has]) if has.size else first[has]
+    if has.size == 0:
+        return lo, hi
+    starts = np.maximum.accumulate(first[has])  # in step order, even where a side stream started earlier
     lo[has] = starts
-    hi[has] = np.append(starts[1:], max(float(last[has[-1]]), float(starts[-1])) if has.size else [])
+    hi[has] = np.append(starts[1:], max(float(last[has[-1]]), float(starts[-1])))
     return lo, hi
 
 
