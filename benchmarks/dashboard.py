@@ -68,8 +68,9 @@ def synthesise(run: Path, *, num_steps: int, num_ranks: int, num_buckets: int, f
         comm = pd.DataFrame({
             "rank": rank, "step": s, "seq": s * num_buckets + b, "bucket": b, "collective": "all_reduce",
             "hook": "allreduce", "bytes": 25 * 2**20, "wire_bytes": 25 * 2**20, "num_tensors": 10,
-            "t_issue": issue, "t_complete": issue + dur, "duration_s": dur,
-        })[columns_of("comm")]
+            "t_issue": issue, "t_complete": issue + dur, "duration_s": dur, "issuer": "ddp", "backend": "gloo",
+            "dtype": "float32", "clock": "host",
+        }).reindex(columns=columns_of("comm"))  # columns the scenario does not set are null
         with open(run / "ranks" / f"rank{rank:05d}.comm.jsonl", "a") as f:
             f.write(comm.to_json(orient="records", lines=True))
         t = np.arange(1.76e9 + first_step * 0.06, 1.76e9 + (first_step + num_steps) * 0.06, 1.0)
@@ -77,7 +78,7 @@ def synthesise(run: Path, *, num_steps: int, num_ranks: int, num_buckets: int, f
             "rank": rank, "t": t, "cpu_pct": 95.0, "sys_cpu_pct": 60.0, "rss_bytes": 6e8, "mem_total_bytes": 6.4e10,
             "gpu_util_pct": None, "gpu_mem_used_bytes": None, "gpu_mem_total_bytes": None, "gpu_power_w": None,
             "pcie_tx_bytes_per_s": None, "pcie_rx_bytes_per_s": None,
-        })[columns_of("system")]
+        }).reindex(columns=columns_of("system"))
         with open(run / "ranks" / f"rank{rank:05d}.system.jsonl", "a") as f:
             f.write(system.to_json(orient="records", lines=True))
 
