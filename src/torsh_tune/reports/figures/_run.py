@@ -16,7 +16,7 @@ import pandas as pd
 
 from ...analysis import PHASES, RunFrames, comm_timed, phase_frame
 from .._format import PHASE_LABELS
-from ._common import DEFAULT_MAX_POINTS, LAYOUT, FloatTuple, downsample, floats, new_figure, no_data
+from ._common import DEFAULT_MAX_POINTS, FloatTuple, downsample, floats, new_figure, no_data, styled
 
 if TYPE_CHECKING:  # plotly is loaded lazily, by the plot functions only
     import plotly.graph_objects as go
@@ -481,8 +481,7 @@ def plot_rank_heatmap(info: RankHeatmapInfo) -> "go.Figure":
     late = "arrival lateness at the last collective" if info.lateness_basis == "comm" else "excess compute"
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
                         subplot_titles=("step time (ms)", f"{late} (ms)"))
-    fig.update_layout(title=dict(text=FIGURE_TITLES["rank_heatmap"], x=0.01),
-                      **{**LAYOUT, "hovermode": "closest", "height": 260 + 40 * len(info.ranks)})
+    styled(fig, FIGURE_TITLES["rank_heatmap"], hovermode="closest", height=260 + 40 * len(info.ranks))
     if info.empty:
         return no_data(fig, "steps")
     y = [f"rank {r}" for r in info.ranks]
