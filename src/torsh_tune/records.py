@@ -97,7 +97,7 @@ class CommRecord:
     t_issue: float  # Unix s (host): the call was made
     t_complete: float | None = None  # Unix s: completed (device clock: on the step's device timeline, anchored at its host start)
     duration_s: float | None = None  # in `clock`: skew + contention + transfer (None: never seen complete)
-    issuer: str | None = None  # ddp, fsdp, pipeline, user, accelerate, transformers, lightning, dtensor
+    issuer: str | None = None  # ddp, fsdp, pipeline, user, accelerate, transformers, lightning, dtensor, checkpoint
     # The function that called torch.distributed, "module:qualname" (a script's file name for its __main__):
     # the first frame outside c10d's plumbing, the one the issuer is read from. A framework's call adds
     # " via module:qualname", the first frame above it outside that framework and torch (the Trainer method

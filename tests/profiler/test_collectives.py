@@ -225,6 +225,7 @@ def test_a_deprecated_functional_call_warns_at_the_scripts_line_not_the_captures
         ("torch.distributed.fsdp._fully_shard._fsdp_collectives", "fsdp"),
         ("torch.distributed.pipelining.schedules", "pipeline"),
         ("torch.distributed.tensor._redistribute", "dtensor"),
+        ("torch.distributed.checkpoint.utils", "checkpoint"),
         ("accelerate.utils.operations", "accelerate"),
         ("transformers.trainer", "transformers"),
         ("lightning.fabric.strategies.ddp", "lightning"),

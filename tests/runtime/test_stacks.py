@@ -92,15 +92,24 @@ def _assert_self_check(run: RunDir, limit_pp: float = SELF_CHECK_PP) -> None:
 
 
 def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp_path):
-    run = _profile(tmp_path, "fsdp2", "stack_fsdp2.py", extra=WINDOW)
+    # A distributed checkpoint saved after the loop's first step (warm-up step 1): its collectives are
+    # the checkpoint's, not the script's.
+    run = _profile(tmp_path, "fsdp2", "stack_fsdp2.py", "--checkpoint-at", "0", extra=WINDOW)
     _assert_fsdp2(run)
+    for rank in (0, 1):
+        comm = [c for c in read_jsonl(run.rank_file(rank, "comm")) if c["step"] < WARMUP]
+        saved = [c for c in comm if c["issuer"] == "checkpoint"]
+        assert saved and {c["step"] for c in saved} == {1}, {(c["step"], c["issuer"]) for c in comm}
+        assert all(c["origin"].startswith("torch.distributed.checkpoint.") for c in saved), saved
+        # The script's own broadcast of the directory stays the user's.
+        assert {c["collective"] for c in comm if c["issuer"] == "user"} == {"broadcast_object_list"}
 
 
 def _assert_fsdp2(run: RunDir, width: int = 256, blocks: int = 4) -> None:
     _assert_steps_and_forward(run)
     num_params = blocks * (2 * width + width * 4 * width + 4 * width + 4 * width * width + width) + width * 8 + 8
     for rank in (0, 1):
-        comm = read_jsonl(run.rank_file(rank, "comm"))
+        comm = [c for c in read_jsonl(run.rank_file(rank, "comm")) if c["step"] >= WARMUP]
         assert {c["issuer"] for c in comm} == {"fsdp"}
         # Called from FSDP2's own collectives module (not the script): where FSDP's advice applies.
         assert all(c["origin"].startswith("torch.distributed.fsdp._fully_shard.") for c in comm), \

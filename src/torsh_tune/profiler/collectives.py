@@ -130,6 +130,8 @@ _ISSUERS = (
     ("torsh_tune.profiler", "ddp"),
     ("torsh_tune.runtime", "torsh-tune"),
     ("torch.distributed.tensor", "dtensor"),
+    # Distributed checkpointing (DCP's save/load plan and metadata exchange: object collectives, a barrier).
+    ("torch.distributed.checkpoint", "checkpoint"),
     ("accelerate", "accelerate"),
     ("transformers", "transformers"),
     ("lightning", "lightning"),

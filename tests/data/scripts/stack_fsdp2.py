@@ -3,7 +3,8 @@
 `--fsdp1` wraps the same model in FSDP1 instead (FullyShardedDataParallel, one unit per block,
 FULL_SHARD; on CPU with `device_id=cpu`: without an accelerator FSDP1 refuses to guess).
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
-`--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
+`--checkpoint-at K` saves a distributed checkpoint (DCP) of the model and the optimizer after loop
+step K. `--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
 aot_eager, which needs no C++ compiler); rank 0 then prints at exit the `DYNAMO {...}` line of
 `_dynamo_report.py` (graphs, graph breaks, recompiles, warnings that mention torsh).
 """
@@ -26,6 +27,8 @@ p.add_argument("--batch-size", type=int, default=32)
 p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
 p.add_argument("--backend", choices=["eager", "aot_eager", "inductor"], default="aot_eager")
 p.add_argument("--fsdp1", action="store_true", help="FullyShardedDataParallel instead of fully_shard")
+p.add_argument("--checkpoint-at", type=int, default=None,
+               help="save a distributed checkpoint (model and optimizer) after this step of the loop")
 args = p.parse_args()
 if args.compile:
     _dynamo_report.watch()
@@ -73,6 +76,21 @@ try:
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if step == args.checkpoint_at:
+            import tempfile
+
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            # One directory for both ranks: rank 0 makes it and tells the other.
+            where = [tempfile.mkdtemp(prefix="stack-dcp-") if rank == 0 else None]
+            dist.broadcast_object_list(where, src=0)
+            model_state, optim_state = get_state_dict(model, opt)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=where[0])
+            if rank == 0:  # the save ends once rank 0 has written the metadata of every rank's files
+                import shutil
+
+                shutil.rmtree(where[0])
 finally:  # also when the run is stopped from outside (the profiler's step budget) by an exception
     if args.compile and rank == 0:
         print(_dynamo_report.line(backend=args.backend, world=world), flush=True)
