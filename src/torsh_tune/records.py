@@ -66,6 +66,10 @@ class StepRecord:
     # run's last step is reported at a forward that never comes):
     # comm_s and exposed_comm_s are unknown, not 0, and the analysis leaves the step out of them.
     comm_timed: bool = True
+    # Host seconds the training thread spent saving checkpoints in this step (torch.save, distributed
+    # checkpointing's save and async_save's blocking part; nested calls once): I/O that blocks the step,
+    # on the host clock whatever `clock` says. Absent: no save in the step.
+    checkpoint_s: float | None = None
 
 
 #: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue

@@ -256,3 +256,26 @@ def test_a_frameworks_small_per_step_collectives_are_its_syncs_and_its_gradient_
     assert b.evidence["framework_sync_pct_by_kind"] == {"lightning broadcast": 5.0}
     assert b.evidence["framework_sync_bytes_by_kind"] == {"lightning broadcast": 8.0}
     assert b.evidence["comm_origins_by_kind"]["deepspeed all_reduce"] == grads["origins"]
+
+
+@pytest.mark.parametrize(("share", "severity"), [(4.0, None), (6.0, "medium"), (12.0, "high"), (35.0, "critical")])
+def test_checkpoint_saves_are_graded_by_their_share_of_the_measured_time(share, severity):
+    import pandas as pd
+
+    from torsh_tune.analysis import checkpoint_saves
+
+    # 40 steps of 0.1 s per rank; rank 1's saves (every 10 steps) take `share` % of its 4 s, rank 0's half that.
+    rows = [{"rank": r, "step": s, "step_s": 0.1, "checkpoint_s": (share / 100 * 4.0 / 4 / (2 - r)) if s % 10 == 9
+             else None} for r in (0, 1) for s in range(40)]
+    saves = checkpoint_saves(pd.DataFrame(rows))
+    assert saves["rank"] == 1 and saves["saves"] == 4 and saves["every_steps"] == 10
+    assert saves["checkpoint_pct"] == pytest.approx(share, rel=0.05)
+    found = [b for b in diagnose(breakdown=_bd(forward=50.0, other=50.0), checkpoint=saves, world_size=2)
+             if "checkpoint_pct" in b.evidence]
+    assert [b.severity for b in found] == ([severity] if severity else [])
+    if severity:
+        (b,) = found
+        assert b.category == "io" and "spent saving checkpoints: 4 save(s)" in b.message
+        (rec,) = recommend(found)
+        assert "async_save" in rec.title and rec.expected_gain.high_pct == pytest.approx(b.evidence["checkpoint_pct"])
+    assert checkpoint_saves(pd.DataFrame(rows).drop(columns="checkpoint_s")) is None

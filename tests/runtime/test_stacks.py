@@ -105,6 +105,27 @@ def test_fsdp2_applied_by_the_script_has_its_all_gathers_and_reduce_scatters(tmp
         assert {c["collective"] for c in comm if c["issuer"] == "user"} == {"broadcast_object_list"}
 
 
+def test_checkpoint_saves_in_the_measured_steps_are_timed_and_called_out(tmp_path):
+    # Saves after loop steps 4, 8 and 12 (measured steps 5, 9, 13): rare, long, and the median step never shows them.
+    run = _profile(tmp_path, "saves", "stack_fsdp2.py", "--checkpoint-at", "4", "8", "12")
+    for rank in (0, 1):
+        steps = read_jsonl(run.rank_file(rank, "steps"))
+        saved = {s["step"]: s["checkpoint_s"] for s in steps if s.get("checkpoint_s")}
+        assert set(saved) == {5, 9, 13}, saved
+        # One save is timed once (DCP's writer calls torch.save inside it), inside its step.
+        assert all(0 < saved[s] < steps[s]["step_s"] for s in saved)
+    a = analyze_run(run.path)
+    (io,) = [b for b in a.bottlenecks if b.category == "io" and "checkpoint_pct" in b.evidence]
+    ev = io.evidence
+    assert ev["saves"] == 3 and ev["every_steps"] == 4 and ev["checkpoint_pct"] > 5
+    assert "spent saving checkpoints: 3 save(s)" in io.message
+    (rec,) = [r for r in a.recommendations if "async_save" in r.title]
+    assert rec.category == "io" and rec.config_patch == {} and rec.expected_gain.high_pct == pytest.approx(
+        ev["checkpoint_pct"], abs=0.01)
+    # The saves' collectives are the checkpoint's; the step breakdown's median is untouched by them.
+    assert {k["issuer"] for k in a.comm.by_kind} >= {"fsdp", "checkpoint"}
+
+
 def _assert_fsdp2(run: RunDir, width: int = 256, blocks: int = 4) -> None:
     _assert_steps_and_forward(run)
     num_params = blocks * (2 * width + width * 4 * width + 4 * width + 4 * width * width + width) + width * 8 + 8

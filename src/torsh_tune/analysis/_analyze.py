@@ -15,7 +15,7 @@ from ._bottlenecks import diagnose
 from ._comm import comm_stats
 from ._load import load_run
 from ._recommend import recommend
-from ._resources import data_wait_by_rank, memory_stats, system_stats
+from ._resources import checkpoint_saves, data_wait_by_rank, memory_stats, system_stats
 from ._runinfo import cpu_count, is_done, nproc_per_node, run_status
 from ._selfcheck import run_self_checks
 from ._steps import breakdown, measured, step_stats
@@ -72,6 +72,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     sysst = guarded("system analysis", lambda: system_stats(frames.system, frames.steps, meta=frames.meta,
                                                             warnings=warnings), None)
     waits = guarded("data-wait analysis", lambda: data_wait_by_rank(steps), {})
+    saves = guarded("checkpoint analysis", lambda: checkpoint_saves(steps), None)
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 
@@ -79,7 +80,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     ref = frames.info.get("reference_busbw_gbps")
     bottlenecks = guarded("diagnosis", lambda: diagnose(
         breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
-        pipeline=pipeline, world_size=frames.world_size, thresholds=th,
+        pipeline=pipeline, world_size=frames.world_size, thresholds=th, checkpoint=saves,
         reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
         reference_busbw_at=_bench_busbw_at(frames.info, warnings),
         host_cores_per_rank=_host_cores_per_rank(frames.info, frames.config, frames.world_size),

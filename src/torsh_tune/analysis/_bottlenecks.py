@@ -46,6 +46,7 @@ def diagnose(
     reference_busbw_gbps: float | None = None,
     reference_busbw_at: Callable[[float], float | None] | None = None,
     host_cores_per_rank: float | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -77,6 +78,8 @@ def diagnose(
             sampler did not record its own (`system.idle_cores_per_rank`, affinity-aware, is
             preferred). With idle cores known, the `io` finding says when the cores leave more
             DataLoader workers nothing to gain (`size_workers`).
+        checkpoint: the measured steps' checkpoint saves (`checkpoint_saves`): an `io` finding when
+            they take more than half of `io_high_pct` of the measured time.
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -99,6 +102,7 @@ def diagnose(
         found += _network(comm, pct, th, all_ranks, reference_busbw_gbps, reference_busbw_at,
                           straggler_found=straggler is not None)
     found += _io(breakdown, data_wait_by_rank or {}, th, all_ranks, system, host_cores_per_rank)
+    found += _checkpoint(checkpoint, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
     found += _pipeline(pipeline, th, all_ranks)
@@ -332,6 +336,34 @@ def _io(breakdown: Breakdown | None, by_rank: dict[int, float], th: ThresholdsCo
                         f"({basis}; {sizing.arithmetic}); a cheaper collate or augmentation, preprocessing offline, "
                         "or more cores per rank would")
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
+
+
+def _checkpoint(saves: dict[str, Any] | None, th: ThresholdsConfig,
+                ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    """Checkpoint saves that block training: their share of the measured time, not of the median step."""
+    if not saves:
+        return []
+    pct = round(float(saves["checkpoint_pct"]), 2)
+    severity = _level(pct, critical=th.io_critical_pct, high=th.io_high_pct, medium=th.io_high_pct / 2)
+    if severity is None:
+        return []
+    involved = tuple(r for r, v in saves["checkpoint_pct_by_rank"].items() if v > th.io_high_pct / 2) or ranks
+    every = f", every {saves['every_steps']} steps" if saves.get("every_steps") else ""
+    evidence = {
+        "checkpoint_pct": pct,
+        "checkpoint_pct_by_rank": saves["checkpoint_pct_by_rank"],
+        "saves": saves["saves"],
+        "median_save_s": saves["median_save_s"],
+        "every_steps": saves.get("every_steps"),
+        "checkpoint_s": saves["checkpoint_s"],
+        "measured_s": saves["measured_s"],
+        "threshold_high_pct": th.io_high_pct,
+        "threshold_critical_pct": th.io_critical_pct,
+    }
+    message = (f"{pct:.1f} % of the measured time (rank {saves['rank']}) is spent saving checkpoints: "
+               f"{saves['saves']} save(s) of {1e3 * saves['median_save_s']:.0f} ms{every}, blocking training "
+               "(the median step does not show them)")
+    return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), pct)]
 
 
 def _idle_cores_per_rank(system: SystemStats, host_cores_per_rank: float | None) -> tuple[float | None, str | None]:

@@ -78,6 +78,7 @@ def recommend(
     for b in bottlenecks:
         # Low GPU utilisation is a computation bottleneck with its own remedies.
         key = "gpu_util" if b.category == "computation" and "gpu_util_pct" in b.evidence else b.category
+        key = "checkpoint" if b.category == "io" and "checkpoint_pct" in b.evidence else key
         make = _RULES.get(key)
         if make is None:
             continue
@@ -189,6 +190,27 @@ def _io(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         patch,
         _gain(sizing.low_pct, sizing.high_pct, sizing.arithmetic),
         "low",
+    )]
+
+
+def _checkpoint(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
+    """Checkpoint saves that block training: save asynchronously, or less often."""
+    ev = b.evidence
+    pct, save_s = float(ev["checkpoint_pct"]), float(ev["median_save_s"])
+    every = ev.get("every_steps")
+    often = f" every {every} steps" if every else ""
+    return [_rec(
+        "io",
+        "Save checkpoints asynchronously (torch.distributed.checkpoint.async_save) or less often",
+        f"saving blocks training for {1e3 * save_s:.0f} ms{often}, {pct:.1f} % of the measured time. "
+        "torch.distributed.checkpoint.async_save stages the state in host memory and writes it on a thread "
+        "while training goes on (only the staging blocks); saving half as often halves the cost "
+        "(at the price of more work lost to a failure). Frameworks: Lightning's AsyncCheckpointIO, the "
+        "Trainer's save_steps",
+        {},
+        _gain(0.0, pct, f"the saves' {pct:.1f} % of the measured time, at most (async_save still blocks for "
+                        "the staging copy; not measured here)"),
+        "medium",
     )]
 
 
@@ -800,6 +822,7 @@ def _pipeline(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
 
 _RULES = {
     "io": _io,
+    "checkpoint": _checkpoint,
     "communication": _communication,
     "network": _network,
     "straggler": _straggler,

@@ -9,8 +9,8 @@ import pandas as pd
 
 from ._types import MemoryStats, SystemStats
 
-__all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "data_wait_by_rank", "idle_cores", "measured_windows", "memory_stats",
-           "system_stats"]
+__all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "checkpoint_saves", "data_wait_by_rank", "idle_cores", "measured_windows",
+           "memory_stats", "system_stats"]
 
 
 def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
@@ -21,6 +21,50 @@ def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
         data_s = float(pd.to_numeric(mine["data_s"], errors="coerce").fillna(0.0).median())
         out[int(rank)] = 100.0 * data_s / step_s if step_s > 0 else 0.0
     return out
+
+
+def checkpoint_saves(steps: pd.DataFrame) -> dict[str, Any] | None:
+    """The measured steps' checkpoint saves (`StepRecord.checkpoint_s`), as a share of their time.
+
+    A save is rare and long, so the median step never shows it: its cost is its total over the
+    steps' total (per rank, the rank that lost most). Saves in warm-up are left out with the steps.
+
+    Returns:
+        None without a save; else checkpoint_pct (the worst rank's), checkpoint_pct_by_rank, saves (steps
+        with a save on that rank), median_save_s, every_steps (median gap between them, None for one),
+        checkpoint_s (that rank's total) and measured_s (its steps' total).
+
+    Example:
+        >>> steps = pd.DataFrame({"rank": [0] * 4, "step": [1, 2, 3, 4], "step_s": [0.1, 0.5, 0.1, 0.5],
+        ...                       "checkpoint_s": [None, 0.4, None, 0.4]})
+        >>> c = checkpoint_saves(steps)
+        >>> round(c["checkpoint_pct"], 1), c["saves"], c["every_steps"]
+        (66.7, 2, 2)
+    """
+    if steps.empty or "checkpoint_s" not in steps:
+        return None
+    saved = pd.to_numeric(steps["checkpoint_s"], errors="coerce").fillna(0.0)
+    if not (saved > 0).any():
+        return None
+    by_rank: dict[int, tuple[float, float]] = {}
+    for rank, mine in steps.assign(_saved=saved).groupby("rank"):
+        total = float(pd.to_numeric(mine["step_s"], errors="coerce").fillna(0.0).sum())
+        by_rank[int(rank)] = (float(mine["_saved"].sum()), total)
+    pct = {r: 100.0 * s / t if t > 0 else 0.0 for r, (s, t) in by_rank.items()}
+    worst = max(pct, key=lambda r: pct[r])
+    mine = steps[(steps["rank"] == worst) & (saved > 0)]
+    at = sorted(int(s) for s in mine["step"])
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    return {
+        "checkpoint_pct": pct[worst],
+        "checkpoint_pct_by_rank": {r: round(v, 2) for r, v in sorted(pct.items())},
+        "rank": worst,
+        "saves": len(at),
+        "median_save_s": float(saved[mine.index].median()),
+        "every_steps": int(pd.Series(gaps).median()) if gaps else None,
+        "checkpoint_s": by_rank[worst][0],
+        "measured_s": by_rank[worst][1],
+    }
 
 
 def memory_stats(steps: pd.DataFrame, system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> MemoryStats | None:

@@ -171,6 +171,11 @@ class StepTracker:
     def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
         self.phases.append(("optimizer", t0, t1, None, events))
 
+    def on_checkpoint(self, t0: float, t1: float) -> None:
+        """A checkpoint save on the training thread (host clock); one before the first step is no step's."""
+        if not self.idle:
+            self.phases.append(("checkpoint", t0, t1, None, None))
+
     def next_comm(self) -> tuple[int, int]:
         """(step, seq) for a collective issued now."""
         seq = self._comm_seq
@@ -321,12 +326,14 @@ class StepTracker:
 
     def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The StepRecord of a closed step, from its times and phase events (host clock)."""
-        sums = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        sums = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0, "checkpoint": 0.0}
         samples = loader_samples = forwards = backwards = 0
         loss = None
         marks = []
         for phase, t0, t1, value, events in entry["ev"]:
             sums[phase] += t1 - t0
+            if phase == "checkpoint":  # host I/O between the phases, not one of them
+                continue
             if phase == "data":
                 loader_samples += value
                 continue
@@ -360,6 +367,8 @@ class StepTracker:
             "warmup": step < self._warmup,
             "clock": "host",
         }
+        if sums["checkpoint"] > 0:
+            record["checkpoint_s"] = sums["checkpoint"]
         return record
 
     def _finalize(self, entry: dict[str, Any]) -> None:

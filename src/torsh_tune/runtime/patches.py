@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.abc
+import importlib.machinery
 import sys
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
@@ -52,6 +55,7 @@ def install(rt: "RankRuntime") -> None:
     _patch_dataloader(rt)
     _patch_backward(rt)
     _install_optimizer_hooks(rt)
+    _patch_checkpoint_saves(rt)
 
 
 # -- process group ----------------------------------------------------------------------
@@ -574,3 +578,85 @@ def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:
     inner = {id(child) for m in holders for child in m.modules() if child is not m}
     # torch.compile's wrapper holds the model as `_orig_mod` (a submodule): it is outermost.
     return [m for m in holders if id(m) not in inner]
+
+
+# -- checkpoint saves ------------------------------------------------------------------
+#: Distributed checkpointing's module whose save functions its package re-exports (``dcp.save``).
+_DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
+
+
+def _patch_checkpoint_saves(rt: "RankRuntime") -> None:
+    """Time checkpoint saves on the training thread: `torch.save` and distributed checkpointing's
+    `save`, `async_save` (its blocking part: planning and staging) and `save_state_dict`.
+
+    A save blocks the step that makes it (`StepRecord.checkpoint_s`, host clock). Only the thread
+    that runs the script counts (async_save writes on a thread of its own) and only the outermost
+    call (DCP's writer and a framework's save call `torch.save` inside). Distributed checkpointing is
+    patched when it is imported (its import costs ~40 ms, which a run that never saves should not pay),
+    before its package binds the names a script imports.
+    """
+    if not rt.config.profiler.enabled:
+        return
+    tracker = rt.tracker
+    training = threading.get_ident()
+    perf, off = time.perf_counter, clock_offset()
+    depth = [0]
+
+    def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(original, "_torsh_checkpoint", False):
+            return original
+
+        @functools.wraps(original)
+        def save(*args: Any, **kwargs: Any) -> Any:
+            if traced() or flags._is_compiling_flag or depth[0] or threading.get_ident() != training:
+                return original(*args, **kwargs)
+            depth[0] += 1
+            t0 = perf()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                tracker.on_checkpoint(t0 + off, perf() + off)
+
+        save._torsh_checkpoint = True  # type: ignore[attr-defined]
+        return save
+
+    torch.save = torch.serialization.save = timed(torch.serialization.save)
+
+    def patch_dcp(module: Any) -> None:
+        for name in ("save", "async_save", "save_state_dict"):
+            if callable(getattr(module, name, None)):
+                setattr(module, name, timed(getattr(module, name)))
+
+    if _DCP_SAVER in sys.modules:
+        patch_dcp(sys.modules[_DCP_SAVER])
+        package = sys.modules.get("torch.distributed.checkpoint")
+        if package is not None:
+            patch_dcp(package)
+    else:
+        sys.meta_path.insert(0, _AfterImport(_DCP_SAVER, patch_dcp))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `patch(module)` once module `name` has run, before whoever imported it gets it (one shot)."""
+
+    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+        patch = self.patch
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module  # this spec's own loader object
+        return spec
+

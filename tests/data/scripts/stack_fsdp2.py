@@ -3,8 +3,8 @@
 `--fsdp1` wraps the same model in FSDP1 instead (FullyShardedDataParallel, one unit per block,
 FULL_SHARD; on CPU with `device_id=cpu`: without an accelerator FSDP1 refuses to guess).
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
-`--checkpoint-at K` saves a distributed checkpoint (DCP) of the model and the optimizer after loop
-step K. `--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
+`--checkpoint-at K...` saves a distributed checkpoint (DCP) of the model and the optimizer after
+these loop steps. `--compile` compiles each block before sharding it (`Module.compile`, `--backend`: default
 aot_eager, which needs no C++ compiler); rank 0 then prints at exit the `DYNAMO {...}` line of
 `_dynamo_report.py` (graphs, graph breaks, recompiles, warnings that mention torsh).
 """
@@ -27,8 +27,8 @@ p.add_argument("--batch-size", type=int, default=32)
 p.add_argument("--compile", action="store_true", help="torch.compile each block before sharding")
 p.add_argument("--backend", choices=["eager", "aot_eager", "inductor"], default="aot_eager")
 p.add_argument("--fsdp1", action="store_true", help="FullyShardedDataParallel instead of fully_shard")
-p.add_argument("--checkpoint-at", type=int, default=None,
-               help="save a distributed checkpoint (model and optimizer) after this step of the loop")
+p.add_argument("--checkpoint-at", type=int, nargs="*", default=(),
+               help="save a distributed checkpoint (model and optimizer) after these steps of the loop")
 args = p.parse_args()
 if args.compile:
     _dynamo_report.watch()
@@ -76,7 +76,7 @@ try:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if step == args.checkpoint_at:
+        if step in args.checkpoint_at:
             import tempfile
 
             import torch.distributed.checkpoint as dcp
