@@ -380,3 +380,44 @@ def test_a_one_bucket_steps_all_reduce_is_all_exposed_on_the_host_clock():
     assert _ddp_exposed({**data, "num_buckets_reduced": 3}, 1.0, 1.006, on_cuda=False) == pytest.approx(0.0009)
     assert _ddp_exposed(one, 1.0, 1.006, on_cuda=True) == pytest.approx(0.0009)  # CUDA events: no host launch in them
     assert _ddp_exposed({"num_buckets_reduced": 2}, 1.0, 1.006, on_cuda=False) == 0.0  # no compute end: unknown
+
+
+# The checkpoint probes in a fresh process (they wrap torch.save process-wide): real torch.save, distributed
+# checkpointing imported after the probes (its names bound by `from ... import`), safetensors, and a save on
+# another thread; the rank's StepTracker is stood in for by one that keeps the save times.
+_CHECKPOINT_SNIPPET = r"""
+import io, json, tempfile, threading, types
+import torch
+from torsh_tune.runtime import patches
+
+class Tracker:
+    idle = False
+    saves = []
+    def on_checkpoint(self, t0, t1):
+        self.saves.append(t1 - t0)
+
+tracker = Tracker()
+rt = types.SimpleNamespace(config=types.SimpleNamespace(profiler=types.SimpleNamespace(enabled=True)), tracker=tracker)
+patches._patch_checkpoint_saves(rt)
+seen = []
+torch.save({"w": torch.ones(4)}, io.BytesIO())
+seen.append(len(tracker.saves))
+from torch.distributed.checkpoint import save
+# Its writer calls torch.save once per tensor (3 here): one save all the same.
+save({"a": torch.ones(64), "b": torch.ones(8), "c": torch.ones(3)}, checkpoint_id=tempfile.mkdtemp())
+seen.append(len(tracker.saves))
+from safetensors.torch import save_file
+save_file({"w": torch.ones(4)}, tempfile.mkdtemp() + "/w.safetensors")
+seen.append(len(tracker.saves))
+t = threading.Thread(target=torch.save, args=({"w": torch.ones(4)}, io.BytesIO()))
+t.start(); t.join()  # async_save's writer thread is not the step's
+seen.append(len(tracker.saves))
+print(json.dumps({"seen": seen, "positive": all(s > 0 for s in tracker.saves)}))
+"""
+
+
+def test_checkpoint_saves_are_timed_once_on_the_training_thread():
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _CHECKPOINT_SNIPPET], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"seen": [1, 2, 3, 3], "positive": True}

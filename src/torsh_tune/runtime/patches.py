@@ -581,19 +581,24 @@ def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:
 
 
 # -- checkpoint saves ------------------------------------------------------------------
-#: Distributed checkpointing's module whose save functions its package re-exports (``dcp.save``).
-_DCP_SAVER = "torch.distributed.checkpoint.state_dict_saver"
+#: Modules whose save functions are timed once they are imported: distributed checkpointing's (its package
+#: re-exports them: ``dcp.save``) and safetensors' (Hugging Face's model files: `save_pretrained`, the Trainer).
+_SAVERS = {
+    "torch.distributed.checkpoint.state_dict_saver": ("save", "async_save", "save_state_dict"),
+    "safetensors.torch": ("save_file",),
+}
 
 
 def _patch_checkpoint_saves(rt: "RankRuntime") -> None:
-    """Time checkpoint saves on the training thread: `torch.save` and distributed checkpointing's
-    `save`, `async_save` (its blocking part: planning and staging) and `save_state_dict`.
+    """Time checkpoint saves on the training thread: `torch.save`, distributed checkpointing's
+    `save`, `async_save` (its blocking part: planning and staging) and `save_state_dict`, and
+    safetensors' `save_file`.
 
     A save blocks the step that makes it (`StepRecord.checkpoint_s`, host clock). Only the thread
     that runs the script counts (async_save writes on a thread of its own) and only the outermost
-    call (DCP's writer and a framework's save call `torch.save` inside). Distributed checkpointing is
-    patched when it is imported (its import costs ~40 ms, which a run that never saves should not pay),
-    before its package binds the names a script imports.
+    call (DCP's writer and a framework's save call `torch.save` inside). The other modules are patched
+    when they are imported (DCP's import costs ~40 ms, which a run that never saves should not pay),
+    before whoever imports them binds the names (DCP's package, accelerate's `safe_save_file`).
     """
     if not rt.config.profiler.enabled:
         return
@@ -623,18 +628,19 @@ def _patch_checkpoint_saves(rt: "RankRuntime") -> None:
 
     torch.save = torch.serialization.save = timed(torch.serialization.save)
 
-    def patch_dcp(module: Any) -> None:
-        for name in ("save", "async_save", "save_state_dict"):
-            if callable(getattr(module, name, None)):
-                setattr(module, name, timed(getattr(module, name)))
+    for module_name, names in _SAVERS.items():
+        def patch(module: Any, names: tuple[str, ...] = names) -> None:
+            for name in names:
+                if callable(getattr(module, name, None)):
+                    setattr(module, name, timed(getattr(module, name)))
 
-    if _DCP_SAVER in sys.modules:
-        patch_dcp(sys.modules[_DCP_SAVER])
-        package = sys.modules.get("torch.distributed.checkpoint")
-        if package is not None:
-            patch_dcp(package)
-    else:
-        sys.meta_path.insert(0, _AfterImport(_DCP_SAVER, patch_dcp))
+        if module_name in sys.modules:  # imported before the script (not by torch itself so far): its package too
+            patch(sys.modules[module_name])
+            package = sys.modules.get(module_name.rpartition(".")[0])
+            if package is not None:
+                patch(package)
+        else:
+            sys.meta_path.insert(0, _AfterImport(module_name, patch))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
