@@ -182,15 +182,21 @@ def saturated_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("saturated")
     (root / "profiler.toml").write_text("[profiler]\nsystem_interval_s = 0.2\n")
     core = min(os.sched_getaffinity(0))
-    # 48 measured steps of ~20 ms: a window of several sampler intervals (0.2 s), so both ranks have
-    # samples inside it (with 6 steps, 0.12 s, a rank had one or none by chance), and one sample with
-    # some idle (iowait counts as idle) weighs little in the mean: with 24 steps, beside a test suite,
-    # the core once read 0.07 idle per rank and the verdict sized workers instead.
-    cmd = [sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", "2", "--steps", "48",
+    # 24 measured steps of ~20 ms: a window of several sampler intervals (0.2 s), so both ranks have
+    # samples inside it (with 6 steps, 0.12 s, a rank had one or none by chance).
+    cmd = [sys.executable, "-m", "torsh_tune.cli", "profile", "--nproc-per-node", "2", "--steps", "24",
            "--warmup-steps", "1", "--config", str(root / "profiler.toml"), "--runs-dir", str(root),
            "--run-name", "cpu", str(DATA / "scripts" / "cpu_collate.py")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    # A process spinning on the same core takes whatever moments the ranks leave it idle. Without it the core
+    # read 0.06-0.07 idle per rank twice in a full suite (never alone): moments where both ranks waited on the
+    # disk, which count as idle (iowait), and the verdict sized workers instead. The premise is a busy core.
+    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=pin)
+    finally:
+        hog.kill()
+        hog.wait()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return root / "cpu", proc.stdout
 
