@@ -75,7 +75,12 @@ LONG_WINDOW = ("--trace-window", f"{WARMUP + 2}:12")
 # A mean of ranks past the limit still passes when the self-check's own per-step view puts it on one step per
 # rank (a thread that lost one of the 2 shared cores inside it) while every rank's median step agrees within
 # this many pp: a moment the two tiers saw differently, not a measurement that is wrong in every step.
-ONE_STEP_MEDIAN_PP = 2.0
+# Above the steady part some stacks read in every step: the Trainer's compute -1.8 ... -2.6 pp per median step
+# (2026-11-29, six quiet ranks: its two small synchronous collectives per step each read 0.1-0.2 ms longer
+# than gloo's span in the trace, the call's own work around the wait, which the trace leaves in the forward's
+# compute). At 2.0 one suite run failed on medians of -2.11 and -2.14 with one stalled step (+3.2 and +3.5 pp
+# of comm, the window's first step, on both ranks).
+ONE_STEP_MEDIAN_PP = 3.0
 
 
 def _assert_self_check(run: RunDir, limit_pp: float = SELF_CHECK_PP) -> None:
