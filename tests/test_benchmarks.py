@@ -29,3 +29,9 @@ def test_gpu_steps_benchmark_adds_the_device_steps_up_to_the_window():
     out = _run("gpu_steps.py")
     assert out["device_spans_add_up"] is True and set(out["traces"]) == {
         "hta-nccl-2rank-rank0", "hta-sampled-2rank", "hta-16rank-rank0"}
+
+
+def test_trace_warmup_benchmark_times_both_arms_in_fresh_processes():
+    out = _run("trace_warmup.py", "--pairs", "1")
+    assert out["benchmark"] == "trace_warmup" and out["cold"]["n"] == out["warm"]["n"] == 1
+    assert out["cold"]["median"] > 0 and out["warm"]["median"] > 0

@@ -29,15 +29,16 @@ def _profiler_steps(ts, rank: int) -> list[int]:
 
 def test_explicit_and_periodic_windows_trace_exactly_their_steps_on_every_rank(tmp_path):
     run = RunDir(tmp_path / "run")
-    # 12 steps (0-11): the explicit window traces 3-4, trace_every=7 traces 7-8; 14 is past the end.
+    # 12 steps (0-11): the explicit window traces 4-5, trace_every=7 traces 7-8; 14 is past the end. Each
+    # warms the profiler up in the step before it (3, 6), which the trace does not hold.
     config = {"budget": {"steps": 10, "warmup_steps": 2},
-              "profiler": {"trace_window": "3:2", "trace_every": 7, "trace_len": 2}}
+              "profiler": {"trace_window": "4:2", "trace_every": 7, "trace_len": 2}}
     proc = torchrun_bootstrap(run.path, SCRIPT, config=config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "USDT" not in proc.stderr + proc.stdout
 
-    assert sorted(p.name for p in run.traces.iterdir() if p.is_dir()) == ["step00003-00004", "step00007-00008"]
-    for name, steps in (("step00003-00004", [3, 4]), ("step00007-00008", [7, 8])):
+    assert sorted(p.name for p in run.traces.iterdir() if p.is_dir()) == ["step00004-00005", "step00007-00008"]
+    for name, steps in (("step00004-00005", [4, 5]), ("step00007-00008", [7, 8])):
         window_dir = run.traces / name
         assert sorted(p.name for p in window_dir.iterdir()) == ["rank-0.json.gz", "rank-1.json.gz"]
         ts = load_traces(window_dir)
@@ -52,7 +53,7 @@ def test_explicit_and_periodic_windows_trace_exactly_their_steps_on_every_rank(t
 
     lines = _windows(run)
     assert sorted((w["window"], w["rank"], w["reason"]) for w in lines) == [
-        ("step00003-00004", 0, "explicit"), ("step00003-00004", 1, "explicit"),
+        ("step00004-00005", 0, "explicit"), ("step00004-00005", 1, "explicit"),
         ("step00007-00008", 0, "every"), ("step00007-00008", 1, "every"),
     ]
     for w in lines:
@@ -60,13 +61,26 @@ def test_explicit_and_periodic_windows_trace_exactly_their_steps_on_every_rank(t
         assert w["trace_bytes"] > 0 and (run.path / w["path"]).is_file()
         assert w["export_s"] > 0 and w["traced_step_s"] > 0
         assert w["capture_cost_s"] is not None and w["num_reference_steps"] >= 1
+        assert w["warmup_step"] == w["start_step"] - 1
+    # The reference steps outside windows: 2 only (3 and 6 warm the profiler up, 4-5 are traced), 9-11 after.
+    assert {w["window"]: w["num_reference_steps"] for w in lines} == {"step00004-00005": 1, "step00007-00008": 1}
 
     # The always-on tier still records every step, traced or not.
     for rank in (0, 1):
         steps = read_jsonl(run.rank_file(rank, "steps"))
         assert [s["step"] for s in steps] == list(range(12))
         meta = json.loads(run.rank_file(rank, "meta").read_text())
-        assert meta["trace_windows"] == ["step00003-00004", "step00007-00008"]
+        assert meta["trace_windows"] == ["step00004-00005", "step00007-00008"]
+
+
+def test_a_window_at_step_1_warms_up_in_the_scripts_setup(tmp_path):
+    run = RunDir(tmp_path / "run")
+    config = {"budget": {"steps": 4, "warmup_steps": 0}, "profiler": {"trace_window": "1:2"}}
+    proc = torchrun_bootstrap(run.path, SCRIPT, config=config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ts = load_traces(run.traces / "step00001-00002")
+    assert all(_profiler_steps(ts, rank) == [1, 2] for rank in (0, 1))
+    assert {(w["warmup_step"], w["num_steps"]) for w in _windows(run)} == {(0, 2)}
 
 
 def test_anomaly_windows_open_at_the_same_agreed_step_on_every_rank(tmp_path):
@@ -83,6 +97,7 @@ def test_anomaly_windows_open_at_the_same_agreed_step_on_every_rank(tmp_path):
     assert by_rank[0] == by_rank[1] and len(by_rank[0]) == 2  # trace_max_windows
     for w in lines:
         assert w["reason"] == "anomaly" and w["num_steps"] == 2
+        assert w["warmup_step"] is None  # decided at its own first boundary: started cold
         # Decided at a sync boundary, opened one step later on every rank.
         assert w["start_step"] % ANOMALY_SYNC_EVERY_STEPS == 1
         assert w["trigger"]["ratios"] and all(v > 1.01 for v in w["trigger"]["ratios"].values())

@@ -21,11 +21,22 @@ Layout, per window (a directory holding nothing but Kineto traces, so that HTA, 
     RUN/traces/step00020-00024/rank-0.json.gz
     RUN/traces/windows.jsonl        one line per (window, rank): steps, reason, capture cost
 
-The capture cost of a window on a rank is the time its steps took beyond the median step
-outside windows, starting the profiler included (``start_s``); starting, stopping and
-exporting happen between two steps, are reported apart (``start_s``, ``stop_s``,
-``export_s``) and kept out of the step records, so the first traced step record spans what
-its ``ProfilerStep#`` spans.
+A window known ahead (explicit from step 1 on, periodic) starts the profiler one step early in
+torch's ``WARMUP`` state (`torch.profiler.schedule`'s warm-up: prepared, nothing recorded) and
+records from its first step on, so a fresh process's one-time profiler start-up is not in the
+compared steps (`benchmarks/trace_warmup.py`: the first recorded step 1.10x the others, once
+25x, against 1.04x after a warm-up step; the first traced step of 25 stack runs in suites read
+1.13x, one Trainer run stalled 7 ms inside its first collective there). The warm-up step
+(``warmup_step``) is outside the window: not recorded, not in the reference of outside steps,
+its time counted in the capture cost. An anomaly window (decided at its own first boundary),
+a window at step 0 and one whose step before is still traced start cold (``warmup_step``
+null).
+
+The capture cost of a window on a rank is the time its steps (and its warm-up step) took
+beyond the median step outside windows, starting the profiler included (``start_s``);
+starting, stopping and exporting happen between two steps, are reported apart (``start_s``,
+``stop_s``, ``export_s``) and kept out of the step records, so the first traced step record
+spans what its ``ProfilerStep#`` spans.
 
 Inside a window the always-on phase probes also annotate their phases (``torsh-tune::forward``,
 ``torsh-tune::backward``, ``torsh-tune::optimizer``, `PHASE_ANNOTATION`): the trace analysis
@@ -69,7 +80,7 @@ def window_name(start_step: int, end_step: int) -> str:
 
 
 class _Window:
-    __slots__ = ("start", "end", "reason", "trigger", "prof", "step_s", "start_s", "last_step")
+    __slots__ = ("start", "end", "reason", "trigger", "prof", "step_s", "start_s", "last_step", "warmup_step")
 
     def __init__(self, start: int, length: int, reason: str, trigger: dict[str, Any] | None) -> None:
         self.start = start
@@ -80,6 +91,7 @@ class _Window:
         self.step_s: list[float] = []
         self.start_s = 0.0
         self.last_step = start - 1
+        self.warmup_step: int | None = None  # the step the profiler warmed up in (not recorded)
 
     @property
     def name(self) -> str:
@@ -124,6 +136,7 @@ class TraceWindows:
         self._every = config.trace_every
         self._anomaly = config.trace_on_anomaly
         self._open: _Window | None = None
+        self._warming: _Window | None = None  # started one step early in WARMUP: records from its first step
         # A window is open: phase probes annotate their phases. An attribute, not a property: the
         # probes read it at every phase, and a property is one more Python call on the hot path.
         self.recording = False
@@ -136,9 +149,11 @@ class TraceWindows:
         self._sent_anomaly: dict[str, Any] | None = None  # this rank's part of the agreement in flight
         self._group: Any = None
         self.windows: list[dict[str, Any]] = []  # the records written, for the runtime's meta
-        if self._explicit is not None and self._explicit[0] == 0:
-            # Step 0 has no boundary before it: its window starts now, before the script runs.
-            self._begin(_Window(0, self._explicit[1], "explicit", None), now())
+        if self._explicit is not None and self._explicit[0] <= 1:
+            # Step 0 has no boundary before it: its window starts now, before the script runs, and a
+            # window at step 1 warms up in step 0 (the script's setup).
+            self._begin(_Window(self._explicit[0], self._explicit[1], "explicit", None), now(),
+                        warm=self._explicit[0] == 1)
 
     def annotate(self, phase: str) -> Any:
         """Open `phase`'s annotation in the window being recorded; None outside windows.
@@ -166,6 +181,13 @@ class TraceWindows:
             self._open.last_step = step
             if self._last_t is not None:
                 self._open.step_s.append(t_end - self._last_t)
+        elif self._warming is not None:
+            # The warm-up step: the profiler's, so not a reference step; its time is the window's cost.
+            if self._last_t is not None:
+                self._warming.step_s.append(t_end - self._last_t)
+            self._last_t = t_end
+            self._record_from_here()
+            return
         elif self._last_t is not None:
             step_s = t_end - self._last_t
             if step >= max(1, self._warmup):  # step 0 holds the script's setup
@@ -186,16 +208,24 @@ class TraceWindows:
             self._begin(start, t_end)
         elif window is not None:
             window.prof.step()
+        elif self._open is None:
+            ahead = self._known_ahead(steps_done + 1)
+            if ahead is not None:
+                self._begin(ahead, t_end, warm=True)
 
     def close(self) -> None:
         """Stop and export a window still open when the rank finishes (marked truncated)."""
         if self._open is not None:
             self._end(truncated=True)
+        elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded
+            window, self._warming = self._warming, None
+            with contextlib.suppress(Exception), _quiet_stderr():
+                window.prof.stop()
 
     # -- scheduling -----------------------------------------------------------------------
     def _start_at(self, boundary: int) -> _Window | None:
         length = self._cfg.trace_len
-        if self._explicit is not None and boundary == self._explicit[0] and boundary > 0:
+        if self._explicit is not None and boundary == self._explicit[0] and boundary > 1:
             return _Window(boundary, self._explicit[1], "explicit", None)
         if self._open is not None:
             return None
@@ -206,6 +236,14 @@ class TraceWindows:
             if trigger is not None:
                 self._anomaly_windows += 1
                 return _Window(boundary, length, "anomaly", trigger)
+        return None
+
+    def _known_ahead(self, boundary: int) -> _Window | None:
+        """The explicit or periodic window that starts at `boundary`, decided now (the step before it warms up)."""
+        if self._explicit is not None and boundary == self._explicit[0] and boundary > 1:
+            return _Window(boundary, self._explicit[1], "explicit", None)
+        if self._every is not None and boundary % self._every == 0 and boundary > 1:
+            return _Window(boundary, self._cfg.trace_len, "every", None)
         return None
 
     def _check_anomaly(self, step: int, step_s: float) -> None:
@@ -248,23 +286,47 @@ class TraceWindows:
         return None
 
     # -- capture --------------------------------------------------------------------------
-    def _begin(self, window: _Window, t: float) -> None:
+    def _begin(self, window: _Window, t: float, *, warm: bool = False) -> None:
+        """Start the profiler at the boundary before `window.start` (recording), or one step earlier (`warm`)."""
         t0 = time.perf_counter()
         try:
-            window.prof = _make_profiler(self._cfg, self._cuda() if callable(self._cuda) else self._cuda)
-            # The first ProfilerStep# annotation carries the window's first step index.
-            window.prof.step_num = window.start
+            window.prof = _make_profiler(self._cfg, self._cuda() if callable(self._cuda) else self._cuda,
+                                         record_from=window.start if warm else None)
+            # The first recorded ProfilerStep# annotation carries the window's first step index.
+            window.prof.step_num = window.start - 1 if warm else window.start
             with _quiet_stderr():
                 window.prof.start()
         except Exception as exc:  # a failing profiler must not end the training run
             self._note(f"trace window {window.name} not started: {type(exc).__name__}: {exc}")
             return
         window.start_s = time.perf_counter() - t0
+        if warm:
+            window.warmup_step = window.start - 1
+            self._warming = window
+        else:
+            self._open, self.recording = window, True
+        if window.start > (1 if warm else 0) and self._restart_step_clock is not None:
+            # Starting ran between two steps (CUPTI's start on a GPU: tens of ms): the next step
+            # record starts after it, as its ProfilerStep# does; the window's capture cost (its own
+            # step times, from the boundary) still counts it.
+            self._restart_step_clock(now())
+
+    def _record_from_here(self) -> None:
+        """The boundary after the warm-up step: the profiler starts recording the window's first step."""
+        window, self._warming = self._warming, None
+        assert window is not None
+        t0 = time.perf_counter()
+        try:
+            with _quiet_stderr():
+                window.prof.step()  # WARMUP -> RECORD: torch's start_trace
+        except Exception as exc:  # a failing profiler must not end the training run
+            self._note(f"trace window {window.name} not started: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception), _quiet_stderr():
+                window.prof.stop()
+            return
+        window.start_s += time.perf_counter() - t0
         self._open, self.recording = window, True
-        if window.start > 0 and self._restart_step_clock is not None:
-            # Starting ran between two steps (CUPTI's start on a GPU: tens of ms): the first traced
-            # step record starts after it, as its ProfilerStep# does; the window's capture cost
-            # (its own step times, from the boundary) still counts it.
+        if self._restart_step_clock is not None:
             self._restart_step_clock(now())
 
     def _end(self, *, truncated: bool) -> None:
@@ -279,6 +341,7 @@ class TraceWindows:
             "planned_end_step": window.end,
             "truncated": truncated,
             "num_steps": window.last_step - window.start + 1,
+            "warmup_step": window.warmup_step,
             "trigger": window.trigger,
             "path": None,
             "trace_bytes": 0,
@@ -346,7 +409,8 @@ def _dist_if_initialized() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _make_profiler(cfg: ProfilerConfig, cuda: bool) -> Any:
+def _make_profiler(cfg: ProfilerConfig, cuda: bool, *, record_from: int | None = None) -> Any:
+    """A `torch.profiler.profile` that records every step, or warms up before step `record_from` and records from it."""
     import torch
     from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
@@ -375,8 +439,9 @@ def _make_profiler(cfg: ProfilerConfig, cuda: bool) -> Any:
         activities.append(ProfilerActivity.CUDA)
     return _WindowProfile(
         activities=activities,
-        # A schedule that always records makes the profiler annotate ProfilerStep#N.
-        schedule=lambda step: ProfilerAction.RECORD,
+        # A schedule makes the profiler annotate ProfilerStep#N (only the recorded steps reach the trace).
+        schedule=(lambda step: ProfilerAction.RECORD) if record_from is None else
+        (lambda step: ProfilerAction.WARMUP if step < record_from else ProfilerAction.RECORD),
         record_shapes=cfg.trace_shapes,
         with_stack=cfg.trace_stack,
         profile_memory=cfg.trace_memory,
