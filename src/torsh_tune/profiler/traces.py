@@ -21,7 +21,7 @@ Layout, per window (a directory holding nothing but Kineto traces, so that HTA, 
     RUN/traces/step00020-00024/rank-0.json.gz
     RUN/traces/windows.jsonl        one line per (window, rank): steps, reason, capture cost
 
-A window known ahead (explicit from step 1 on, periodic) starts the profiler one step early in
+A window known ahead (explicit or periodic, from step 2 on) starts the profiler one step early in
 torch's ``WARMUP`` state (`torch.profiler.schedule`'s warm-up: prepared, nothing recorded) and
 records from its first step on, so a fresh process's one-time profiler start-up is not in the
 compared steps (`benchmarks/trace_warmup.py`: the first recorded step 1.10x the others, once
@@ -29,8 +29,9 @@ compared steps (`benchmarks/trace_warmup.py`: the first recorded step 1.10x the 
 1.13x, one Trainer run stalled 7 ms inside its first collective there). The warm-up step
 (``warmup_step``) is outside the window: not recorded, not in the reference of outside steps,
 its time counted in the capture cost. An anomaly window (decided at its own first boundary),
-a window at step 0 and one whose step before is still traced start cold (``warmup_step``
-null).
+one whose step before is still traced, and a window at step 0 or 1 start cold (``warmup_step``
+null): step 0 is the script's setup, before which the profiler cannot know whether the run
+will use CUDA.
 
 The capture cost of a window on a rank is the time its steps (and its warm-up step) took
 beyond the median step outside windows, starting the profiler included (``start_s``);
@@ -149,11 +150,9 @@ class TraceWindows:
         self._sent_anomaly: dict[str, Any] | None = None  # this rank's part of the agreement in flight
         self._group: Any = None
         self.windows: list[dict[str, Any]] = []  # the records written, for the runtime's meta
-        if self._explicit is not None and self._explicit[0] <= 1:
-            # Step 0 has no boundary before it: its window starts now, before the script runs, and a
-            # window at step 1 warms up in step 0 (the script's setup).
-            self._begin(_Window(self._explicit[0], self._explicit[1], "explicit", None), now(),
-                        warm=self._explicit[0] == 1)
+        if self._explicit is not None and self._explicit[0] == 0:
+            # Step 0 has no boundary before it: its window starts now, before the script runs.
+            self._begin(_Window(0, self._explicit[1], "explicit", None), now())
 
     def annotate(self, phase: str) -> Any:
         """Open `phase`'s annotation in the window being recorded; None outside windows.
@@ -225,7 +224,7 @@ class TraceWindows:
     # -- scheduling -----------------------------------------------------------------------
     def _start_at(self, boundary: int) -> _Window | None:
         length = self._cfg.trace_len
-        if self._explicit is not None and boundary == self._explicit[0] and boundary > 1:
+        if self._explicit is not None and boundary == self._explicit[0] and boundary > 0:
             return _Window(boundary, self._explicit[1], "explicit", None)
         if self._open is not None:
             return None
@@ -305,7 +304,7 @@ class TraceWindows:
             self._warming = window
         else:
             self._open, self.recording = window, True
-        if window.start > (1 if warm else 0) and self._restart_step_clock is not None:
+        if window.start > 0 and self._restart_step_clock is not None:
             # Starting ran between two steps (CUPTI's start on a GPU: tens of ms): the next step
             # record starts after it, as its ProfilerStep# does; the window's capture cost (its own
             # step times, from the boundary) still counts it.
