@@ -223,25 +223,26 @@ class TraceWindows:
 
     # -- scheduling -----------------------------------------------------------------------
     def _start_at(self, boundary: int) -> _Window | None:
-        length = self._cfg.trace_len
-        if self._explicit is not None and boundary == self._explicit[0] and boundary > 0:
-            return _Window(boundary, self._explicit[1], "explicit", None)
-        if self._open is not None:
-            return None
-        if self._every is not None and boundary % self._every == 0 and boundary > 0:
-            return _Window(boundary, length, "every", None)
+        # An explicit window pre-empts an open one; a periodic or anomaly one waits for it to end.
+        planned = self._planned(boundary, periodic=self._open is None)
+        if planned is not None or self._open is not None:
+            return planned
         if self._anomaly and self._anomaly_windows < self._cfg.trace_max_windows:
             trigger = self._agree_on_anomaly(boundary)
             if trigger is not None:
                 self._anomaly_windows += 1
-                return _Window(boundary, length, "anomaly", trigger)
+                return _Window(boundary, self._cfg.trace_len, "anomaly", trigger)
         return None
 
     def _known_ahead(self, boundary: int) -> _Window | None:
-        """The explicit or periodic window that starts at `boundary`, decided now (the step before it warms up)."""
-        if self._explicit is not None and boundary == self._explicit[0] and boundary > 1:
+        """The window planned at `boundary` (explicit or periodic) when the step before it can warm it up."""
+        return self._planned(boundary) if boundary > 1 else None
+
+    def _planned(self, boundary: int, *, periodic: bool = True) -> _Window | None:
+        """The explicit window, else (`periodic`) the periodic one, that starts at `boundary`: a function of the step count."""
+        if self._explicit is not None and boundary == self._explicit[0] and boundary > 0:
             return _Window(boundary, self._explicit[1], "explicit", None)
-        if self._every is not None and boundary % self._every == 0 and boundary > 1:
+        if periodic and self._every is not None and boundary % self._every == 0 and boundary > 0:
             return _Window(boundary, self._cfg.trace_len, "every", None)
         return None
 
