@@ -15,12 +15,16 @@ __all__ = [
     "RECORD_KINDS",
     "StepRecord",
     "SystemRecord",
+    "WAIT_ANNOTATION",
     "columns_of",
 ]
 
 # Inside a trace window the phase probes annotate their phases as PREFIX + forward / backward /
 # optimizer (`profiler.traces`); the trace analysis maps each to its kernels' device span.
 PHASE_ANNOTATION_PREFIX = "torsh-tune::"
+# ... and the capture annotates the training thread's Work.wait() on a collective it recorded (no
+# profiler event records that wait): the trace analysis reads it as the thread blocked on communication.
+WAIT_ANNOTATION = PHASE_ANNOTATION_PREFIX + "wait"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -62,6 +62,9 @@ def test_explicit_and_periodic_windows_trace_exactly_their_steps_on_every_rank(t
         assert w["export_s"] > 0 and w["traced_step_s"] > 0
         assert w["capture_cost_s"] is not None and w["num_reference_steps"] >= 1
         assert w["warmup_step"] == w["start_step"] - 1
+        # The ranks leave the warm start and the stop/export together (each rank's own pause would otherwise
+        # land in another rank's next collective: a step-time spike the script never had).
+        assert w["start_align_s"] >= 0 and w["end_align_s"] >= 0
     # The reference steps outside windows: 2 only (3 and 6 warm the profiler up, 4-5 are traced), 9-11 after.
     assert {w["window"]: w["num_reference_steps"] for w in lines} == {"step00004-00005": 1, "step00007-00008": 1}
 
@@ -99,11 +102,17 @@ def test_anomaly_windows_open_at_the_same_agreed_step_on_every_rank(tmp_path):
     for w in lines:
         assert w["reason"] == "anomaly" and w["num_steps"] == 2
         assert w["warmup_step"] is None  # decided at its own first boundary: started cold
+        assert w["start_align_s"] is None and w["end_align_s"] >= 0
         # Decided at a sync boundary, opened one step later on every rank.
         assert w["start_step"] % ANOMALY_SYNC_EVERY_STEPS == 1
         assert w["trigger"]["ratios"] and all(v > 1.01 for v in w["trigger"]["ratios"].values())
     for name in by_rank[0]:
         assert sorted(load_traces(run.traces / name).ranks) == [0, 1]
+    # The agreements and alignments on the profiler's side group are not the script's collectives.
+    for rank in (0, 1):
+        comm = read_jsonl(run.rank_file(rank, "comm"))
+        assert comm and {(c["issuer"], c["collective"]) for c in comm} == {("ddp", "all_reduce")}
+        assert not any("torsh_tune" in (c.get("origin") or "") for c in comm)
 
 
 def test_no_trace_option_means_no_traces_dir(tmp_path):

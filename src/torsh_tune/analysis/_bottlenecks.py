@@ -247,6 +247,19 @@ def _communication(comm: CommStats | None, pct: dict[str, float], th: Thresholds
         evidence["buffer_broadcast_pct"] = round(100.0 * buffers["time_s"] / step_s, 2)
         evidence["buffer_broadcast_bytes"] = buffers["bytes"]
         evidence["buffer_broadcast_count"] = buffers["count"]
+    # ZeroRedundancyOptimizer's broadcast of the updated parameters inside its step, after the backward: the
+    # training thread's wait in it (`blocked_s`) is its exposed part; the step's own compute is what dropping
+    # the sharding would multiply.
+    zero = next((k for k in comm.by_kind if k["issuer"] == "zero" and k["op"] == "broadcast"), None)
+    if zero is not None and zero["time_s"] > 0 and step_s:
+        waited = zero.get("blocked_s")
+        evidence["zero_broadcast_s"] = zero["time_s"]
+        evidence["zero_broadcast_blocked_s"] = zero["time_s"] if waited is None else min(waited, zero["time_s"])
+        evidence["zero_broadcast_transfer_s"] = zero["transfer_s"]
+        evidence["zero_broadcast_pct"] = round(100.0 * evidence["zero_broadcast_blocked_s"] / step_s, 2)
+        evidence["zero_broadcast_bytes"] = zero["bytes"]
+        evidence["zero_broadcast_count"] = zero["count"]
+        evidence["optimizer_s"] = step_s * pct.get("optimizer", 0.0) / 100.0
     message = f"{exposed:.1f} % of the step is communication not hidden behind backward compute"
     if comm.overlap_pct is not None:
         message += f" (overlap {comm.overlap_pct:.0f} %)"

@@ -133,6 +133,8 @@ class _Context:
         # Who issued the run's collectives (the c10d capture): {"ddp": {"count": n, "bytes": b}, ...}
         issuers = first.get("collectives") if isinstance(first.get("collectives"), dict) else {}
         self.main_issuer = max(issuers, key=lambda k: issuers[k].get("bytes", 0), default=None) if issuers else None
+        # The parameters the first stepping optimizer owns (meta.json `trained`).
+        self.trained = first.get("trained") if isinstance(first.get("trained"), dict) else {}
 
     def hostname(self, rank: int) -> str | None:
         host = self.meta.get(rank, {}).get("hostname")
@@ -229,25 +231,29 @@ def _communication(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         return _communication_without_ddp(e, bwd, ev, ctx)
     grads, grad_e = _gradient_evidence(ev, e)
     recs = [_bucket_cap(grads, grad_e, bwd, ctx), _topk_ratio(grads, grad_e, ctx), _buffer_broadcast(ev, e, ctx),
-            *_framework_syncs(ev, e)]
+            _zero_broadcast(ev, e, ctx), *_framework_syncs(ev, e)]
     return [r for r in recs if r is not None]
 
 
 def _gradient_evidence(ev: dict[str, Any], e: float) -> tuple[dict[str, Any], float]:
-    """The finding's evidence and exposed share without DDP's buffer broadcast and a framework's per-step
-    collectives: what bucket caps and gradient compression act on (those are synchronous, outside the
-    backward: all of them is exposed)."""
-    apart = []  # (time s, transfer s, bytes, count, % of the step) per step
+    """The finding's evidence and exposed share without DDP's buffer broadcast, a framework's per-step
+    collectives and ZeroRedundancyOptimizer's parameter broadcast: what bucket caps and gradient compression
+    act on (those are outside the backward: the part the training thread waits for is exposed)."""
+    apart = []  # (time s, exposed s, transfer s, bytes, count, % of the step) per step
     if ev.get("buffer_broadcast_s"):
-        apart.append(tuple(ev.get(f"buffer_broadcast{k}") for k in ("_s", "_transfer_s", "_bytes", "_count", "_pct")))
+        apart.append((ev["buffer_broadcast_s"], *(ev.get(f"buffer_broadcast{k}")
+                                                  for k in ("_s", "_transfer_s", "_bytes", "_count", "_pct"))))
+    if ev.get("zero_broadcast_s"):
+        apart.append(tuple(ev.get(f"zero_broadcast{k}")
+                           for k in ("_s", "_blocked_s", "_transfer_s", "_bytes", "_count", "_pct")))
     for kind, time_s in (ev.get("framework_sync_s_by_kind") or {}).items():
-        apart.append((time_s, *((ev.get(f"framework_sync_{k}_by_kind") or {}).get(kind)
-                                for k in ("transfer_s", "bytes", "count", "pct"))))
+        apart.append((time_s, time_s, *((ev.get(f"framework_sync_{k}_by_kind") or {}).get(kind)
+                                        for k in ("transfer_s", "bytes", "count", "pct"))))
     if not apart:
         return ev, e
     out = dict(ev)
-    for time_s, transfer_s, nbytes, count, pct in apart:
-        for key, less in (("comm_s", time_s), ("exposed_comm_s", time_s), ("wire_s", transfer_s),
+    for time_s, exposed_s, transfer_s, nbytes, count, pct in apart:
+        for key, less in (("comm_s", time_s), ("exposed_comm_s", exposed_s), ("wire_s", transfer_s),
                           ("bytes_per_step", nbytes), ("num_collectives_per_step", count)):
             if out.get(key) is not None and less:
                 out[key] = max(float(out[key]) - float(less), 0.0)
@@ -504,6 +510,53 @@ def _buffer_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommenda
         {"ddp": {"broadcast_buffers": False}},
         _gain(transfer_s * to_pct, min(time_s * to_pct, e), basis),
         "low" if stats == 0 else "medium",
+    )
+
+
+#: Optimizer state per parameter, in parameter sizes, of the optimizers ZeroRedundancyOptimizer commonly wraps.
+_STATE_PER_PARAM = {"Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adagrad": 1, "RMSprop": 1}
+
+
+def _zero_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommendation | None:
+    """ZeroRedundancyOptimizer's broadcast of the updated parameters after every step, when the training
+    thread's wait for it is a visible share of the step."""
+    pct, step_s = ev.get("zero_broadcast_pct"), ev.get("step_s")
+    if not (pct and step_s) or float(pct) < _SYNC_MIN_PCT:
+        return None
+    waited_s, time_s = float(ev["zero_broadcast_blocked_s"]), float(ev["zero_broadcast_s"])
+    opt_s, world = float(ev.get("optimizer_s") or 0.0), ctx.world_size
+    trained = ctx.trained
+    inner = str(trained.get("wrapped_optimizer") or "")
+    param_bytes = float(trained.get("param_bytes") or 0.0)
+    factor = _STATE_PER_PARAM.get(inner)
+    if factor is not None and param_bytes:
+        saved = factor * param_bytes * (1.0 - 1.0 / world)
+        memory = (f"it saves each rank {_size(saved)} of {inner}'s state ({factor} x the {_size(param_bytes)} of "
+                  f"parameters, less its 1/{world} shard)")
+    else:
+        memory = f"it saves each rank (1 - 1/{world}) of the {inner or 'wrapped optimizer'}'s state"
+    to_pct = 100.0 / float(step_s)
+    more_s = (world - 1) * opt_s  # every rank updating every parameter instead of its shard
+    count, nbytes = float(ev.get("zero_broadcast_count") or 0.0), float(ev.get("zero_broadcast_bytes") or 0.0)
+    basis = (f"the training thread waited {1e3 * waited_s:.3g} ms per step for ZeroRedundancyOptimizer's {count:.3g} "
+             f"broadcasts of {_size(nbytes)} ({1e3 * time_s:.3g} ms in flight, mean of ranks, median over steps); "
+             f"without the sharding the wait goes and the optimizer step's {1e3 * opt_s:.3g} ms of compute grows "
+             f"about {world}x (+{1e3 * more_s:.3g} ms, low); overlapped with DDP's backward at most the wait is "
+             "saved (high)")
+    return _rec(
+        "communication",
+        "Take ZeroRedundancyOptimizer's parameter broadcast off the critical path",
+        f"{float(pct):.1f} % of the step is the training thread waiting for ZeroRedundancyOptimizer to broadcast "
+        f"the parameters each rank updated to the others, after the optimizer step, where nothing overlaps it. "
+        f"{memory[0].upper() + memory[1:]}: if the state fits without the sharding, step a plain "
+        f"{inner or 'optimizer'} on every rank (no broadcast); otherwise overlap the broadcast with DDP's backward "
+        "(ZeroRedundancyOptimizer(..., overlap_with_ddp=True) and ddp_model.register_comm_hook(None, "
+        "hook_with_zero_step(allreduce_hook, ddp_model, zero)) from torch.distributed.algorithms.ddp_comm_hooks."
+        "ddp_zero_hook: each bucket's shard is stepped and broadcast once the bucket is reduced), or shard with "
+        "FSDP2 (fully_shard), whose reduce-scatter and all-gather replace DDP's all-reduce and this broadcast",
+        {},
+        _gain((waited_s - more_s) * to_pct, min(waited_s * to_pct, e), basis),
+        "medium",
     )
 
 

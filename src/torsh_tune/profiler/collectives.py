@@ -127,11 +127,15 @@ _ISSUERS = (
     ("torsh_tune.strategies.collectives", "ddp"),
     ("torsh_tune.strategies.pipeline", "pipeline"),
     ("torsh_tune.strategies.fsdp", "fsdp"),
+    # The trace windows' own agreement and alignment on their side group: ours, not the script's.
+    ("torsh_tune.profiler.traces", "torsh-tune"),
     ("torsh_tune.profiler", "ddp"),
     ("torsh_tune.runtime", "torsh-tune"),
     ("torch.distributed.tensor", "dtensor"),
     # Distributed checkpointing (DCP's save/load plan and metadata exchange: object collectives, a barrier).
     ("torch.distributed.checkpoint", "checkpoint"),
+    # ZeroRedundancyOptimizer: the updated parameter shards broadcast from their owners after each step.
+    ("torch.distributed.optim", "zero"),
     ("accelerate", "accelerate"),
     ("transformers", "transformers"),
     ("lightning", "lightning"),
@@ -442,11 +446,18 @@ class CollectiveCapture:
             device = unwaited.pop(id(work), None) is not None
             if device:
                 record["_wait"] = tracker.device_events.record()
+            # In a trace window the wait is annotated (`WAIT_ANNOTATION`): no profiler event records a
+            # Work.wait(), and inside an enclosing annotation (ZeroRedundancyOptimizer's step) the trace
+            # would read the blocked training thread as that annotation's compute.
+            windows = tracker.traces
+            scope = windows.annotate("wait") if windows is not None and windows.recording else None
             t0 = now()
             try:
                 return original(work, *args, **kwargs)
             finally:
                 t1 = now()
+                if scope is not None:
+                    windows.end_annotation(scope)
                 record["blocked_s"] += t1 - t0
                 if device:
                     if "_end" in record:

@@ -71,6 +71,9 @@ PHASE_ANNOTATION = PHASE_ANNOTATION_PREFIX + "{phase}"
 ANOMALY_SYNC_EVERY_STEPS = 10
 """Steps between the anomaly agreements (one async 1 x world_size all-reduce each)."""
 
+ALIGN_TIMEOUT_S = 120.0
+"""Longest a rank waits at a window's boundary for the others (their stop and export, or a warm start)."""
+
 _HISTORY_STEPS = 50  # outside-window steps the running median is taken over
 _MIN_HISTORY_STEPS = 5  # no anomaly verdict before this many reference steps
 
@@ -81,7 +84,8 @@ def window_name(start_step: int, end_step: int) -> str:
 
 
 class _Window:
-    __slots__ = ("start", "end", "reason", "trigger", "prof", "step_s", "start_s", "last_step", "warmup_step")
+    __slots__ = ("start", "end", "reason", "trigger", "prof", "step_s", "start_s", "last_step", "warmup_step",
+                 "align_s")
 
     def __init__(self, start: int, length: int, reason: str, trigger: dict[str, Any] | None) -> None:
         self.start = start
@@ -93,6 +97,7 @@ class _Window:
         self.start_s = 0.0
         self.last_step = start - 1
         self.warmup_step: int | None = None  # the step the profiler warmed up in (not recorded)
+        self.align_s: float | None = None  # the wait for the other ranks after a warm start
 
     @property
     def name(self) -> str:
@@ -149,6 +154,7 @@ class TraceWindows:
         self._pending: tuple[Any, Any] | None = None  # (work, tensor) of the agreement in flight
         self._sent_anomaly: dict[str, Any] | None = None  # this rank's part of the agreement in flight
         self._group: Any = None
+        self._side_failed = False  # the side group missed an alignment: no more agreements or alignments on it
         self.windows: list[dict[str, Any]] = []  # the records written, for the runtime's meta
         if self._explicit is not None and self._explicit[0] == 0:
             # Step 0 has no boundary before it: its window starts now, before the script runs.
@@ -215,7 +221,7 @@ class TraceWindows:
     def close(self) -> None:
         """Stop and export a window still open when the rank finishes (marked truncated)."""
         if self._open is not None:
-            self._end(truncated=True)
+            self._end(truncated=True, align=False)
         elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded
             window, self._warming = self._warming, None
             with contextlib.suppress(Exception), _quiet_stderr():
@@ -259,7 +265,7 @@ class TraceWindows:
     def _agree_on_anomaly(self, boundary: int) -> dict[str, Any] | None:
         """Every rank returns the same verdict at the same boundary (see the module doc)."""
         dist = _dist_if_initialized()
-        if dist is None or self._world_size == 1:
+        if dist is None or self._world_size == 1 or self._side_failed:
             local, self._local_anomaly = self._local_anomaly, None
             return None if local is None else {"ratios": {str(self._rank): local["ratio"]}, "local": local}
         if self._pending is not None:
@@ -273,17 +279,45 @@ class TraceWindows:
         if boundary % ANOMALY_SYNC_EVERY_STEPS == 0:
             import torch
 
-            if self._group is None:
-                # A side gloo group keeps the agreement off the training group's stream and
-                # sequence (NCCL on GPUs) and works on CPU tensors everywhere.
-                self._group = dist.new_group(backend="gloo")
             tensor = torch.zeros(self._world_size, dtype=torch.float64)
             self._sent_anomaly, self._local_anomaly = self._local_anomaly, None
             if self._sent_anomaly is not None:
                 tensor[self._rank] = self._sent_anomaly["ratio"]
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group, async_op=True)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._side_group(dist), async_op=True)
             self._pending = (work, tensor)
         return None
+
+    def _side_group(self, dist: Any) -> Any:
+        if self._group is None:
+            # A side gloo group keeps the profiler's own agreements and alignments off the training
+            # group's stream and sequence (NCCL on GPUs) and works on CPU tensors everywhere.
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _align(self) -> float | None:
+        """Wait at this boundary until every rank reached it; the wait in seconds, None when not aligned.
+
+        Stopping and exporting a window (and a warm start) take each rank its own time, hundreds of
+        ms apart on a CPU host: without this the ranks that finished first wait out the others'
+        export in their next step's first collective, and the profiler's own pause reads as a slow
+        step, a step-time spike and a straggler in the script's records. Every rank passes the same
+        boundaries (see `_planned`), so the barrier is on its side group; a rank that waited
+        `ALIGN_TIMEOUT_S` in vain stops aligning (and agreeing) and says so in its notes.
+        """
+        dist = _dist_if_initialized()
+        if dist is None or self._world_size == 1 or self._side_failed:
+            return None
+        from datetime import timedelta
+
+        t0 = time.perf_counter()
+        try:
+            dist.barrier(group=self._side_group(dist), async_op=True).wait(timeout=timedelta(seconds=ALIGN_TIMEOUT_S))
+        except Exception as exc:
+            self._side_failed = True
+            self._note(f"trace windows: the ranks could not be aligned at a window boundary ({type(exc).__name__}: "
+                       f"{exc}); later steps after a window may hold the other ranks' export time")
+            return None
+        return time.perf_counter() - t0
 
     # -- capture --------------------------------------------------------------------------
     def _begin(self, window: _Window, t: float, *, warm: bool = False) -> None:
@@ -298,11 +332,15 @@ class TraceWindows:
                 window.prof.start()
         except Exception as exc:  # a failing profiler must not end the training run
             self._note(f"trace window {window.name} not started: {type(exc).__name__}: {exc}")
+            if warm:  # the other ranks wait at this boundary all the same
+                self._align()
             return
         window.start_s = time.perf_counter() - t0
         if warm:
             window.warmup_step = window.start - 1
             self._warming = window
+            # Nothing is recorded yet: the ranks leave the warm start together (a cold one records from here on).
+            window.align_s = self._align()
         else:
             self._open, self.recording = window, True
         if window.start > 0 and self._restart_step_clock is not None:
@@ -329,7 +367,7 @@ class TraceWindows:
         if self._restart_step_clock is not None:
             self._restart_step_clock(now())
 
-    def _end(self, *, truncated: bool) -> None:
+    def _end(self, *, truncated: bool, align: bool = True) -> None:
         window, self._open, self.recording = self._open, None, False
         assert window is not None
         record: dict[str, Any] = {
@@ -342,6 +380,7 @@ class TraceWindows:
             "truncated": truncated,
             "num_steps": window.last_step - window.start + 1,
             "warmup_step": window.warmup_step,
+            "start_align_s": window.align_s,
             "trigger": window.trigger,
             "path": None,
             "trace_bytes": 0,
@@ -365,9 +404,11 @@ class TraceWindows:
             record["error"] = f"{type(exc).__name__}: {exc}"
             self._note(f"trace window {window.name} not exported: {record['error']}")
         record.update(self._cost(window, stop_s=t1 - t0, export_s=t2 - t1))
+        # Stopping and exporting ran between two steps: every rank leaves this boundary together (a rank
+        # finishing its run does not wait), and the next step's time starts after it.
+        record["end_align_s"] = self._align() if align else None
         self._append(record)
         self.windows.append(record)
-        # Stopping and exporting ran between two steps; keep them out of the next step's time.
         t = now()
         self._last_t = t
         if self._restart_step_clock is not None:

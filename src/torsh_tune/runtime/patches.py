@@ -445,7 +445,11 @@ def _pinned_copy(loss: torch.Tensor) -> torch.Tensor:
 def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False, "scope": None}
+    # "outer": the optimizer whose step is running, "nested": how many steps it runs inside its own (a
+    # wrapper such as ZeroRedundancyOptimizer steps its local optimizer, then broadcasts the updated
+    # shards): the outermost step is the phase and ends the iteration, its inner steps are part of it.
+    state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False, "scope": None,
+                             "outer": None, "nested": 0}
     tracker = rt.tracker
     traces = rt.traces
     profiled = rt.config.profiler.enabled
@@ -454,6 +458,11 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if traced() or flags._is_compiling_flag:
             return
+        # A step that raised never ran its post-hook: its optimizer stepping again is not nested in itself.
+        if state["outer"] is not None and state["outer"] != id(optimizer):
+            state["nested"] += 1
+            return
+        state["outer"], state["nested"] = id(optimizer), 0
         if state["owner"] is None:
             _first_optimizer_step(rt, optimizer)
         events = tracker.device_events
@@ -465,6 +474,10 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if traced() or flags._is_compiling_flag:
             return
+        if state["nested"]:
+            state["nested"] -= 1
+            return
+        state["outer"] = None
         t1 = perf() + off
         ev0 = state["ev0"]
         ev1 = tracker.device_events.record() if ev0 is not None else None
@@ -555,10 +568,13 @@ def _trained(params: list[Any], optimizer: torch.optim.Optimizer) -> dict[str, A
     """
     unique = list({id(p): p for p in params}.values())
     numels = [_whole_numel(p) for p in unique]
+    # A wrapper that steps an optimizer of its own (ZeroRedundancyOptimizer's local one over this rank's shard).
+    inner = getattr(optimizer, "optim", None)
     return {"num_params": sum(numels),
             "param_bytes": sum(n * p.dtype.itemsize for n, p in zip(numels, unique)),
             "sharded": any(type(p).__name__ == "DTensor" or n > p.numel() for n, p in zip(numels, unique)),
-            "optimizer": type(optimizer).__name__}
+            "optimizer": type(optimizer).__name__,
+            **({"wrapped_optimizer": type(inner).__name__} if isinstance(inner, torch.optim.Optimizer) else {})}
 
 
 def _whole_numel(param: Any) -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...records import PHASE_ANNOTATION_PREFIX
+from ...records import PHASE_ANNOTATION_PREFIX, WAIT_ANNOTATION
 from . import _intervals as iv
 from ._model import RankTrace
 from ._symbols import SymbolTable
@@ -60,7 +60,7 @@ class CommPatterns:
     gloo_worker: str = r"^gloo:"
     c10d_ops: str = r"^c10d::(?!wait|_wait|barrier_wait)"
     comm_waits: str = (r"^(?:wait|aten::wait|c10d::_?wait\w*|c10d::barrier\w*|_c10d_functional::wait_tensor)$"
-                       r"|Awaitable wait\(\)|wait_tensors")
+                       r"|Awaitable wait\(\)|wait_tensors|^" + re.escape(WAIT_ANNOTATION) + "$")
     funcol_ops: str = r"^_c10d_functional::(?!wait_tensor$)"
     syncs: str = (r"^(?:cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy"
                   r"|hipStreamSynchronize|hipDeviceSynchronize|aten::item|aten::_local_scalar_dense)$")
@@ -328,7 +328,9 @@ def _cpu_timeline(trace: RankTrace, symbols: SymbolTable, patterns: CommPatterns
                  & ~np.isin(names_all, symbols.ids_matching(
                      rf"^ProfilerStep#|{LOADER_ANNOTATION}|{patterns.gloo_worker}|{patterns.comm_scopes}"
                      rf"|^{re.escape(PHASE_ANNOTATION_PREFIX)}")))
-    main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated)
+    # A Work.wait() torsh-tune annotated in its window (`WAIT_ANNOTATION`) is the thread blocked on a collective.
+    waited = on_main & np.isin(names_all, symbols.ids_matching(f"^{re.escape(WAIT_ANNOTATION)}$"))
+    main = np.flatnonzero((on_main & (ev["cat_id"] == symbols.id_of("cpu_op"))) | annotated | waited)
     worker = np.flatnonzero(timed & np.isin(names_all, symbols.ids_matching(patterns.gloo_worker)))
     is_comm_issue = np.isin(names_all[main], symbols.ids_matching(patterns.c10d_ops))
     # An operator that blocks until a collective finishes (a functional collective's `wait_tensor`, at a
