@@ -74,6 +74,10 @@ class StepRecord:
     # checkpointing's save and async_save's blocking part; nested calls once): I/O that blocks the step,
     # on the host clock whatever `clock` says. Absent: no save in the step.
     checkpoint_s: float | None = None
+    # The step inside a deep-trace window: "recorded" (the profiler recorded it, which slows it) or "warmup"
+    # (the step the window's profiler started in, before recording). Absent: no window. The analysis leaves
+    # these steps out of the step statistics where enough others remain (`analysis.measured`).
+    trace: str | None = None
 
 
 #: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue

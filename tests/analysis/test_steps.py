@@ -5,7 +5,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from torsh_tune.analysis import PHASES, breakdown, load_run, measured, step_stats
+from torsh_tune.analysis import PHASES, breakdown, load_run, measured, step_stats, traced_left_out
 
 from .conftest import DATA, read_jsonl
 
@@ -51,6 +51,26 @@ def test_warmup_collectives_are_dropped_with_their_steps():
     frames = load_run(DATA / "healthy")
     _, comm, _ = measured(frames.steps, frames.comm)
     assert set(comm["step"]) == set(range(2, 12))
+
+
+def _traced_run(num_steps: int, traced: dict[int, str]) -> pd.DataFrame:
+    """Two ranks; steps in `traced` ("warmup" or "recorded") take 1.5x the others' 10 ms, as a window's do."""
+    return _frame([{"rank": r, "step": i, "step_s": 0.015 if i in traced else 0.010, "trace": traced.get(i)}
+                   for i in range(num_steps) for r in (0, 1)])
+
+
+def test_the_steps_of_trace_windows_are_left_out_where_enough_others_remain():
+    steps = _traced_run(12, {4: "warmup", 5: "recorded", 6: "recorded"})
+    kept, _, warnings = measured(steps, steps.iloc[0:0])
+    assert warnings == [] and sorted(set(kept["step"])) == [0, 1, 2, 3, 7, 8, 9, 10, 11]
+    st = step_stats(kept)
+    assert st.median_step_s == st.p90_step_s == pytest.approx(0.010)
+    assert traced_left_out(steps, kept) == 3
+    # A window over most of the run: nothing better is known, so its steps stay in, and the report says so.
+    steps = _traced_run(8, {i: "recorded" for i in range(1, 6)})
+    kept, _, warnings = measured(steps, steps.iloc[0:0])
+    assert len(set(kept["step"])) == 8 and traced_left_out(steps, kept) == 0
+    assert len(warnings) == 1 and warnings[0].startswith("trace windows hold 5 of the 8 measured steps")
 
 
 def _frame(rows):

@@ -68,10 +68,12 @@ def test_explicit_and_periodic_windows_trace_exactly_their_steps_on_every_rank(t
     # The reference steps outside windows: 2 only (3 and 6 warm the profiler up, 4-5 are traced), 9-11 after.
     assert {w["window"]: w["num_reference_steps"] for w in lines} == {"step00004-00005": 1, "step00007-00008": 1}
 
-    # The always-on tier still records every step, traced or not.
+    # The always-on tier still records every step, traced or not, and says which the profiler slowed.
     for rank in (0, 1):
         steps = read_jsonl(run.rank_file(rank, "steps"))
         assert [s["step"] for s in steps] == list(range(12))
+        assert {s["step"]: s["trace"] for s in steps if "trace" in s} == {
+            3: "warmup", 4: "recorded", 5: "recorded", 6: "warmup", 7: "recorded", 8: "recorded"}
         meta = json.loads(run.rank_file(rank, "meta").read_text())
         assert meta["trace_windows"] == ["step00004-00005", "step00007-00008"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -18,7 +19,7 @@ from ._recommend import recommend
 from ._resources import checkpoint_saves, data_wait_by_rank, memory_stats, system_stats
 from ._runinfo import cpu_count, is_done, nproc_per_node, run_status
 from ._selfcheck import run_self_checks
-from ._steps import breakdown, measured, step_stats
+from ._steps import breakdown, measured, step_stats, traced_left_out
 from ._stragglers import straggler_stats
 from ._types import RunAnalysis
 
@@ -63,6 +64,8 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
             return fallback
 
     st = guarded("step statistics", lambda: step_stats(steps), None)
+    if st is not None and (traced := traced_left_out(frames.steps, steps)):
+        st = dataclasses.replace(st, traced_steps=traced)
     bd = guarded("breakdown", lambda: breakdown(steps), None)
     cm = guarded("communication analysis",
                  lambda: comm_stats(steps, comm, world_size=frames.world_size, meta=frames.meta), None)

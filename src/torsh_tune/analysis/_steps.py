@@ -7,11 +7,15 @@ import pandas as pd
 
 from ._types import PHASES, Breakdown, StepStats
 
-__all__ = ["STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "steady_rate", "step_stats"]
+__all__ = ["MIN_UNTRACED_STEPS", "STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "steady_rate",
+           "step_stats", "traced_left_out"]
 
 
 #: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
 STALL_SHARE = 0.1
+#: The steps of deep-trace windows are left out of the statistics only when at least this many measured
+#: steps, and at least as many as the windows hold, remain.
+MIN_UNTRACED_STEPS = 5
 
 
 def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
@@ -54,10 +58,14 @@ def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """The steps and collectives outside warm-up, and warnings about the choice.
+    """The steps and collectives outside warm-up and deep-trace windows, and warnings about the choice.
 
     When every step is a warm-up step (a short or crashed run) all of them are used, with
-    a warning, so that a short run still gets numbers.
+    a warning, so that a short run still gets numbers. The steps a trace window recorded or
+    warmed its profiler up in (`StepRecord.trace`, on any rank) carry the profiler's own cost:
+    they are left out where at least `MIN_UNTRACED_STEPS` measured steps, and at least as many
+    as the windows hold, remain (the self-check compares exactly those steps, from the records);
+    else they stay in, with a warning.
     """
     warnings: list[str] = []
     if steps.empty:
@@ -68,11 +76,28 @@ def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.
         kept = steps
     else:
         kept = steps[~warm]
+    if "trace" in kept and kept["trace"].notna().any():
+        traced = set(kept.loc[kept["trace"].notna(), "step"].tolist())
+        total = kept["step"].nunique()
+        if total - len(traced) >= max(MIN_UNTRACED_STEPS, len(traced)):
+            kept = kept[~kept["step"].isin(traced)]
+        else:
+            warnings.append(f"trace windows hold {len(traced)} of the {total} measured steps: the step statistics "
+                            f"include them and the profiler's cost in them (left out only when at least "
+                            f"{MIN_UNTRACED_STEPS} and as many other steps remain)")
     keys = set(zip(kept["rank"], kept["step"]))
     if not comm.empty:
         mask = [k in keys for k in zip(comm["rank"], comm["step"])]
         comm = comm[mask]
     return kept.reset_index(drop=True), comm.reset_index(drop=True), warnings
+
+
+def traced_left_out(steps: pd.DataFrame, kept: pd.DataFrame) -> int:
+    """How many steps of trace windows `measured` left out of `steps` to give `kept`."""
+    if steps.empty or "trace" not in steps:
+        return 0
+    out = ~steps["step"].isin(set(kept["step"].tolist())) & steps["trace"].notna()
+    return int(steps.loc[out, "step"].nunique())
 
 
 def step_stats(steps: pd.DataFrame) -> StepStats | None:

@@ -106,6 +106,7 @@ class StepStats:
     throughput_note: str | None = None  # why samples/s is unknown, when it is
     clock: str = "host"  # of step_s: "device" (CUDA events) or "host"
     stall_steps: int = 0  # measured steps left out of the throughput as stalls
+    traced_steps: int = 0  # steps of deep-trace windows left out of these statistics (the profiler's cost in them)
 
 
 @dataclass(frozen=True, kw_only=True)

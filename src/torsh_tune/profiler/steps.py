@@ -202,6 +202,8 @@ class StepTracker:
         # comm: its CommRecords; calls: its synchronous host-clock calls, as the capture's tuples
         entry: dict[str, Any] = {"step": step, "t_start": t_start, "t_end": t_end, "ev": ev,
                                  "tokens": self.tokens, "comm": [], "calls": []}
+        if traces is not None and (traces.recording or traces.warming):
+            entry["trace"] = "recorded" if traces.recording else "warmup"
         if self.step_comm is not None:
             k = self.ddp_timers_every
             entry["read_timers"] = detailed or k == 1 or (step + self.ddp_offset) % k == 0
@@ -369,6 +371,8 @@ class StepTracker:
         }
         if sums["checkpoint"] > 0:
             record["checkpoint_s"] = sums["checkpoint"]
+        if "trace" in entry:
+            record["trace"] = entry["trace"]
         return record
 
     def _finalize(self, entry: dict[str, Any]) -> None:

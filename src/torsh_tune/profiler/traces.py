@@ -146,6 +146,7 @@ class TraceWindows:
         # A window is open: phase probes annotate their phases. An attribute, not a property: the
         # probes read it at every phase, and a property is one more Python call on the hot path.
         self.recording = False
+        self.warming = False  # the step being run is a window's warm-up step (its profiler started, not recording)
         self._last_t: float | None = None
         self._history: deque[float] = deque(maxlen=_HISTORY_STEPS)
         self._outside_s: list[float] = []  # every outside-window step after warm-up (the cost reference)
@@ -223,7 +224,7 @@ class TraceWindows:
         if self._open is not None:
             self._end(truncated=True, align=False)
         elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded
-            window, self._warming = self._warming, None
+            window, self._warming, self.warming = self._warming, None, False
             with contextlib.suppress(Exception), _quiet_stderr():
                 window.prof.stop()
 
@@ -338,7 +339,7 @@ class TraceWindows:
         window.start_s = time.perf_counter() - t0
         if warm:
             window.warmup_step = window.start - 1
-            self._warming = window
+            self._warming, self.warming = window, True
             # Nothing is recorded yet: the ranks leave the warm start together (a cold one records from here on).
             window.align_s = self._align()
         else:
@@ -351,7 +352,7 @@ class TraceWindows:
 
     def _record_from_here(self) -> None:
         """The boundary after the warm-up step: the profiler starts recording the window's first step."""
-        window, self._warming = self._warming, None
+        window, self._warming, self.warming = self._warming, None, False
         assert window is not None
         t0 = time.perf_counter()
         try:

@@ -159,7 +159,8 @@ def _summary(info: ReportInfo) -> list[str]:
         ("throughput", throughput_text(s)),
         ("p90 step", fmt_s(s.get("p90_step_s"))),
         ("spread (IQR)", f"{fmt_s(s.get('iqr_step_s'))} ({fmt_pct(s.get('iqr_pct'))})"),
-        ("measured steps", fmt_value("num_steps", s.get("num_steps"))),
+        ("measured steps", fmt_value("num_steps", s.get("num_steps"))
+         + (f" (+{s['traced_steps']} traced, left out)" if s.get("traced_steps") else "")),
     ]
     if s.get("rank_spread_pct") is not None:
         kpis.append(("rank spread", fmt_pct(s["rank_spread_pct"])))

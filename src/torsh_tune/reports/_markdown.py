@@ -119,7 +119,9 @@ def _summary(info: ReportInfo) -> list[str]:
     if s.get("rank_spread_pct") is not None:
         out.append(f"| rank spread (slowest vs fastest median step) | {fmt_pct(s['rank_spread_pct'])} |")
     out.append(f"| samples per step (all ranks) | {fmt_value('samples', s.get('samples_per_step'))} |")
-    out.append(f"| measured steps | {fmt_value('num_steps', s.get('num_steps'))} |")
+    traced = f" ({s['traced_steps']} steps of trace windows left out: the profiler slows them)" \
+        if s.get("traced_steps") else ""
+    out.append(f"| measured steps | {fmt_value('num_steps', s.get('num_steps'))}{traced} |")
     return out + [""]
 
 
