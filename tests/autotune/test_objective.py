@@ -92,6 +92,13 @@ def test_a_rare_stall_is_left_out_of_the_rate():
     assert running_throughput(frame, num_ranks=1).iloc[-1] == pytest.approx(throughput_of(frame).samples_s)
 
 
+def test_the_steps_a_trace_window_slowed_are_not_the_objective():
+    # A window over steps 8-11 (its profiler warmed up in step 7): those steps 1.5x the others' 30 ms.
+    frame = _series([30.0] * 7 + [45.0] * 5 + [30.0] * 8).assign(trace=[None] * 7 + ["warmup"] + ["recorded"] * 4
+                                                                   + [None] * 8)
+    assert throughput_of(frame).samples_s == pytest.approx(8 / 0.030) and throughput_of(frame).num_steps == 15
+
+
 def test_warmup_only_or_empty_records_give_no_throughput():
     steps = _steps("data_bound")
     assert throughput_of(steps.assign(warmup=True)) is None

@@ -8,7 +8,7 @@ import pandas as pd
 from ._types import PHASES, Breakdown, StepStats
 
 __all__ = ["MIN_UNTRACED_STEPS", "STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "steady_rate",
-           "step_stats", "traced_left_out"]
+           "step_stats", "traced_left_out", "untraced"]
 
 
 #: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
@@ -76,20 +76,28 @@ def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.
         kept = steps
     else:
         kept = steps[~warm]
-    if "trace" in kept and kept["trace"].notna().any():
-        traced = set(kept.loc[kept["trace"].notna(), "step"].tolist())
-        total = kept["step"].nunique()
-        if total - len(traced) >= max(MIN_UNTRACED_STEPS, len(traced)):
-            kept = kept[~kept["step"].isin(traced)]
-        else:
-            warnings.append(f"trace windows hold {len(traced)} of the {total} measured steps: the step statistics "
-                            f"include them and the profiler's cost in them (left out only when at least "
-                            f"{MIN_UNTRACED_STEPS} and as many other steps remain)")
+    kept, warning = untraced(kept)
+    if warning is not None:
+        warnings.append(warning)
     keys = set(zip(kept["rank"], kept["step"]))
     if not comm.empty:
         mask = [k in keys for k in zip(comm["rank"], comm["step"])]
         comm = comm[mask]
     return kept.reset_index(drop=True), comm.reset_index(drop=True), warnings
+
+
+def untraced(steps: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """`steps` without those of trace windows (`StepRecord.trace`, on any rank) where at least
+    `MIN_UNTRACED_STEPS`, and as many as the windows hold, remain; else all, and why (see `measured`)."""
+    if "trace" not in steps or not steps["trace"].notna().any():
+        return steps, None
+    traced = set(steps.loc[steps["trace"].notna(), "step"].tolist())
+    total = steps["step"].nunique()
+    if total - len(traced) >= max(MIN_UNTRACED_STEPS, len(traced)):
+        return steps[~steps["step"].isin(traced)], None
+    return steps, (f"trace windows hold {len(traced)} of the {total} measured steps: the step statistics include "
+                   f"them and the profiler's cost in them (left out only when at least {MIN_UNTRACED_STEPS} and as "
+                   "many other steps remain)")
 
 
 def traced_left_out(steps: pd.DataFrame, kept: pd.DataFrame) -> int:

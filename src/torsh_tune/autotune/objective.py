@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis import load_run, steady_rate
+from ..analysis import load_run, steady_rate, untraced
 from ..rundir import RunDir
 
 __all__ = [
@@ -139,7 +139,7 @@ def _per_step(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | 
     empty = pd.DataFrame({"samples": pd.Series(dtype=float), "step_s": pd.Series(dtype=float)})
     if steps.empty:
         return empty
-    kept = steps[~steps["warmup"].fillna(False).astype(bool)]
+    kept, _ = untraced(steps[~steps["warmup"].fillna(False).astype(bool)])  # the report's steps
     if kept.empty:
         return empty
     unit = unit or throughput_unit(steps)
