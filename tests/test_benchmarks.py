@@ -35,3 +35,9 @@ def test_trace_warmup_benchmark_times_both_arms_in_fresh_processes():
     out = _run("trace_warmup.py", "--pairs", "1")
     assert out["benchmark"] == "trace_warmup" and out["cold"]["n"] == out["warm"]["n"] == 1
     assert out["cold"]["median"] > 0 and out["warm"]["median"] > 0
+
+
+def test_trace_align_benchmark_reads_the_step_after_a_window_in_real_runs():
+    out = _run("trace_align.py", "--runs", "1")
+    assert out["benchmark"] == "trace_align" and out["current"]["n"] == 1 and out["current"]["median"] > 0
+    assert all(v is not None and v >= 0 for v in out["current"]["end_align_s"][0].values())
