@@ -66,7 +66,9 @@ def _comm(t_issue, t_complete, *, issuer="user", async_op=False, blocked_s=0.0, 
 # -- host clock ---------------------------------------------------------------------------
 
 class _Recording:
-    """What the tracker reads of a TraceWindows: `recording`, here while its step is in `window`."""
+    """What the tracker reads of a TraceWindows: `recording`, here while its step is in `window` (no warm-up)."""
+
+    warming = False
 
     def __init__(self, tracker, window):
         self._tracker, self._window = tracker, window

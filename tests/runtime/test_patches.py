@@ -197,6 +197,49 @@ def test_the_forward_is_probed_from_the_first_optimizer_step_on(installed):
     assert closure_step["forward_s"] > 0 and closure_step["backward_s"] > 0
 
 
+SKIPPED_FIRST = """
+import json, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torsh_tune.config import DistEnv, RunConfig
+from torsh_tune.rundir import RunDir
+from torsh_tune.runtime import patches
+from torsh_tune.runtime.context import RankRuntime
+
+run_dir, config = sys.argv[1], RunConfig.from_json(sys.argv[2])
+rt = RankRuntime(config, RunDir(run_dir), env=DistEnv.one_node(rank=0, world_size=1))
+patches.install(rt)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(8, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(4):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    scaler.scale(loss).backward()
+    if i == 0:  # the scale is still calibrating: the first step's gradients overflow and it is skipped
+        model.module.weight.grad[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+rt.finish("ok")
+dist.destroy_process_group()
+"""
+
+
+def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe(tmp_path):
+    run = RunDir(tmp_path / "run")
+    config = {"budget": {"warmup_steps": 0, "steps": 10}, "profiler": {"flush_interval_s": 60}}
+    proc = subprocess.run([sys.executable, "-c", SKIPPED_FIRST, str(run.path), json.dumps(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = read_jsonl(run.rank_file(0, "steps"))
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and steps[0]["optimizer_s"] == 0.0  # skipped: no step()
+    # The first optimizer.step() (step 1) found the module: the forwards after it are probed, with their batch.
+    assert [(s["samples"], s["forward_s"] > 0) for s in steps[2:]] == [(4, True), (4, True)]
+    assert json.loads(run.rank_file(0, "meta").read_text())["probed_modules"] == ["DistributedDataParallel"]
+
+
 def test_init_process_group_gets_the_resolved_backend_and_the_runs_timeout(installed):
     out, _, _, meta, _ = installed
     assert (meta["backend"], meta["backend_requested"]) == ("gloo", None)

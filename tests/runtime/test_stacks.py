@@ -430,6 +430,36 @@ def test_torch_compile_of_ddp_traces_the_same_graphs_with_and_without_the_profil
     _assert_self_check(run)
 
 
+def test_a_compiled_optimizer_step_is_still_one_step_and_adds_no_graph_break(tmp_path):
+    import subprocess
+    import sys
+
+    # PyTorch's recipe for a compiled optimizer: torch.compile of a function that calls opt.step(). Dynamo traces
+    # the global step hooks into the step's graphs, so before the marker op no boundary came: no step record.
+    script = SCRIPTS / "stack_compile_ddp.py"
+    bare = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), "--steps", str(STEPS + WARMUP), "--compile-step"],
+                          capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 0 or "compile_ddp done" in bare.stdout, bare.stdout[-2000:] + bare.stderr[-3000:]
+    without = _dynamo_line(bare.stdout)
+    run = _profile(tmp_path, "compiled-step", "stack_compile_ddp.py", "--steps", "1000", "--compile-step",
+                   extra=WINDOW)
+    with_profiler = _dynamo_line(run.logs.joinpath("rank00000.log").read_text())
+    # torch's own optimizer step breaks the graph before and after its body (`_use_grad`): the hooks' marker
+    # ops make those two fragments a graph each; nothing else changes.
+    for key in ("graph_breaks", "recompiles", "frames_ok"):
+        assert with_profiler[key] == without[key], (key, with_profiler, without)
+    assert with_profiler["graph_break_reasons"] == without["graph_break_reasons"]
+    assert with_profiler["unique_graphs"] == without["unique_graphs"] + 2
+    assert with_profiler["calls_captured"] == without["calls_captured"] + 2
+    assert with_profiler["torsh_warnings"] == []
+    # The window started and stopped outside the marker ops: torch's profiler did not warn about them.
+    assert all("torsh_tune::" not in run.logs.joinpath(f"rank0000{r}.log").read_text() for r in (0, 1))
+    per_rank = _assert_steps_and_forward(run)
+    assert all(s["optimizer_s"] > 0 for steps in per_rank for s in steps if not s["warmup"])
+    _assert_self_check(run)
+
+
 @pytest.mark.parametrize("script", ["stack_hf_trainer.py", "stack_accelerate.py", "stack_lightning.py"])
 def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, script):
     pytest.importorskip({"stack_hf_trainer.py": "transformers", "stack_accelerate.py": "accelerate",

@@ -147,6 +147,8 @@ class TraceWindows:
         # probes read it at every phase, and a property is one more Python call on the hot path.
         self.recording = False
         self.warming = False  # the step being run is a window's warm-up step (its profiler started, not recording)
+        # A step boundary reached inside a compiled graph's op, acted on at the next probe outside one (`defer`).
+        self.pending: Callable[[], None] | None = None
         self._last_t: float | None = None
         self._history: deque[float] = deque(maxlen=_HISTORY_STEPS)
         self._outside_s: list[float] = []  # every outside-window step after warm-up (the cost reference)
@@ -173,6 +175,19 @@ class TraceWindows:
         scope = record_function(PHASE_ANNOTATION.format(phase=phase))
         scope.__enter__()
         return scope
+
+    def mark(self, name: str) -> bool:
+        """A zero-length annotation PREFIX + `name` in the window being recorded (False outside windows).
+
+        Where a phase cannot be one span: a compiled optimizer step's hooks run as ops of its graphs,
+        and a span opened in one would outlive that op's own profiler event. The trace analysis pairs
+        ``optimizer.begin`` with the next ``optimizer.end`` (`analysis.traces.phase_spans`).
+        """
+        scope = self.annotate(name)
+        if scope is None:
+            return False
+        self.end_annotation(scope)
+        return True
 
     @staticmethod
     def end_annotation(scope: Any) -> None:
@@ -219,8 +234,26 @@ class TraceWindows:
             if ahead is not None:
                 self._begin(ahead, t_end, warm=True)
 
+    def defer(self, action: Callable[[], None]) -> None:
+        """Act on a step boundary (`action`: `on_step_end` and what follows it) at the next `run_pending`.
+
+        A compiled optimizer step reaches its boundary inside an op of its graph
+        (`runtime.patches._compiled_step_marker`); a profiler started there leaves that op's own
+        event without a start (torch warns, naming the op, when it collects the trace). The phase
+        probes outside compiled regions (the DataLoader's next batch, the probed module's forward,
+        backward) run it first thing; two boundaries without such a probe between run the older now.
+        """
+        self.run_pending()
+        self.pending = action
+
+    def run_pending(self) -> None:
+        action, self.pending = self.pending, None
+        if action is not None:
+            action()
+
     def close(self) -> None:
         """Stop and export a window still open when the rank finishes (marked truncated)."""
+        self.run_pending()
         if self._open is not None:
             self._end(truncated=True, align=False)
         elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded

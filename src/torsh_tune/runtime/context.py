@@ -392,9 +392,12 @@ class RankRuntime:
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
+        traces = self.traces
+        if traces is not None and traces.pending is not None:  # a compiled optimizer step's boundary
+            traces.run_pending()
         if self._fwd is not None:  # the last forward raised before its post hook: close its annotation
             TraceWindows.end_annotation(self._fwd[3])
-        scope = self.traces.annotate("forward") if self.traces is not None and self.traces.recording else None
+        scope = traces.annotate("forward") if traces is not None and traces.recording else None
         self._fwd = (_perf() + _OFF, events.record() if events is not None else None, batch, scope)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:

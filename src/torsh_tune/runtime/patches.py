@@ -290,8 +290,11 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
                    if rt.config.profiler.data_fingerprint else None)
 
     perf, off = time.perf_counter, clock_offset()
+    windows = rt.traces
 
     def __next__(self: _BaseDataLoaderIter) -> Any:
+        if windows is not None and windows.pending is not None:  # a compiled optimizer step's boundary
+            windows.run_pending()
         t0 = perf()
         batch = original_next(self)
         t1 = perf()
@@ -377,6 +380,8 @@ def _patch_backward(rt: "RankRuntime") -> None:
             _observe_loss(loss_of.detach())
         if not profiled:
             return original(tensors, *args, **kwargs)
+        if traces is not None and traces.pending is not None:  # a compiled optimizer step's boundary
+            traces.run_pending()
         events = tracker.device_events
         scope = traces.annotate("backward") if traces is not None and traces.recording else None
         ev0 = events.record() if events is not None else None
@@ -448,31 +453,44 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     # "outer": the optimizer whose step is running, "nested": how many steps it runs inside its own (a
     # wrapper such as ZeroRedundancyOptimizer steps its local optimizer, then broadcasts the updated
     # shards): the outermost step is the phase and ends the iteration, its inner steps are part of it.
+    # "seen": an optimizer has stepped (its first step finds the module to probe). Not "owner": a step
+    # GradScaler skips (inf/NaN gradients, common while its scale calibrates) owns the boundary without one.
     state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False, "scope": None,
-                             "outer": None, "nested": 0}
+                             "outer": None, "nested": 0, "seen": False, "compiled": False}
     tracker = rt.tracker
     traces = rt.traces
     profiled = rt.config.profiler.enabled
     perf, off = time.perf_counter, clock_offset()
 
-    def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if traced() or flags._is_compiling_flag:
+    def pre(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, compiled: bool = False) -> None:
+        if traced():  # a compiled optimizer step: the hook runs when its graph runs (`_compiled_step_marker`)
+            if marker is not None:
+                marker(0, id(optimizer))
+            return
+        if flags._is_compiling_flag:
             return
         # A step that raised never ran its post-hook: its optimizer stepping again is not nested in itself.
         if state["outer"] is not None and state["outer"] != id(optimizer):
             state["nested"] += 1
             return
         state["outer"], state["nested"] = id(optimizer), 0
-        if state["owner"] is None:
+        if not state["seen"]:
+            state["seen"] = True
             _first_optimizer_step(rt, optimizer)
         events = tracker.device_events
+        state["compiled"] = compiled
         if traces is not None and traces.recording and state["scope"] is None:
-            state["scope"] = traces.annotate("optimizer")
+            # From a compiled graph's op the span would outlive the op's own profiler event: marks instead.
+            state["scope"] = (traces.mark("optimizer.begin") or None) if compiled else traces.annotate("optimizer")
         state["ev0"] = events.record() if events is not None else None
         state["t0"] = perf() + off
 
-    def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if traced() or flags._is_compiling_flag:
+    def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, compiled: bool = False) -> None:
+        if traced():
+            if marker is not None:
+                marker(1, id(optimizer))
+            return
+        if flags._is_compiling_flag:
             return
         if state["nested"]:
             state["nested"] -= 1
@@ -482,7 +500,10 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         ev0 = state["ev0"]
         ev1 = tracker.device_events.record() if ev0 is not None else None
         if state["scope"] is not None:  # closed before the step boundary, which may end the window
-            TraceWindows.end_annotation(state["scope"])
+            if state["compiled"]:
+                traces.mark("optimizer.end")
+            else:
+                TraceWindows.end_annotation(state["scope"])
             state["scope"] = None
         tracker.phases.append(("optimizer", state["t0"], t1, None, (ev0, ev1) if ev0 is not None else None))
         # With several optimizers (a GAN), the first one to step marks the step boundary.
@@ -491,25 +512,79 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         elif state["owner"] != id(optimizer):
             return
         state["stepped"] = True
-        boundary(t1)
+        boundary(t1, compiled=compiled)
 
-    def boundary(t1: float) -> None:
+    def boundary(t1: float, *, compiled: bool = False) -> None:
         if not profiled:
             tracker.step += 1
             done = tracker.step
         else:
             done = tracker.end_step(t1)
         rt.steps_done = done
-        if traces is not None:
-            traces.on_step_end(done, t1)
-        if rt.ddp_models and profiled:
-            rt.ddp_sample_rate_for(done)
+
+        def after() -> None:
+            if traces is not None:
+                traces.on_step_end(done, t1)
+            if rt.ddp_models and profiled:
+                rt.ddp_sample_rate_for(done)
+
+        if compiled and traces is not None:  # inside a compiled graph's op: the windows act outside it
+            traces.defer(after)
+        else:
+            after()
         if rt.budget_total is not None and done >= rt.budget_total:  # the warm-up may grow it (on_loader_started)
             raise StepBudgetReached(done)
 
+    marker = _compiled_step_marker(rt, (pre, post))
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
     _patch_grad_scaler(state, boundary)
+
+
+# Optimizers by id(), for the compiled step marker: a graph can only carry an int (registered at construction).
+_OPTIMIZERS: dict[int, weakref.ref] = {}
+
+
+def _compiled_step_marker(rt: "RankRuntime", hooks: tuple[Callable, Callable]) -> Callable[[int, int], None] | None:
+    """An ordered custom op that runs the optimizer's pre (0) or post (1) hook from inside a compiled graph.
+
+    `torch.compile` of a function that calls `optimizer.step()` traces the global step hooks into
+    its graphs, where a probe does nothing (it must not change the program), so the step's boundary
+    never came: no step record at all. Traced, the hooks instead put `torsh_tune::optimizer_step_hook`
+    in the graph: an op with an ordered side effect (`_EffectType.ORDERED`, as `aten::_print`), so
+    AOTAutograd keeps it in place and Inductor does not drop it; when the graph runs it calls the
+    hook as eager code would, at the same point of the step. torch's own optimizer step graph-breaks
+    before and after its body (`_use_grad`), so the hooks sit in graphs of their own: no graph break,
+    no recompile, two small graphs more per compiled step. None where torch lacks these APIs.
+    """
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+    except ImportError:
+        rt.note("a compiled optimizer step is not seen: this torch cannot mark it in its graph")
+        return None
+    name = "torsh_tune::optimizer_step_hook"
+
+    @torch.library.custom_op(name, mutates_args=())
+    def optimizer_step_hook(which: int, key: int) -> None:
+        ref = _OPTIMIZERS.get(key)
+        optimizer = ref() if ref is not None else None
+        if optimizer is not None:
+            hooks[which](optimizer, (), {}, compiled=True)
+
+    @optimizer_step_hook.register_fake
+    def _(which: int, key: int) -> None:
+        return None
+
+    _register_effectful_op(torch.ops.torsh_tune.optimizer_step_hook.default, _EffectType.ORDERED)
+    original = torch.optim.Optimizer.__init__
+
+    @functools.wraps(original)
+    def __init__(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _OPTIMIZERS[id(self)] = weakref.ref(self, lambda _, key=id(self): _OPTIMIZERS.pop(key, None))
+
+    torch.optim.Optimizer.__init__ = __init__
+    return torch.ops.torsh_tune.optimizer_step_hook
 
 
 def _patch_grad_scaler(state: dict[str, Any], boundary: Callable[[float], None]) -> None:

@@ -2,9 +2,10 @@
 
 Knows nothing about torsh-tune. Runs on CUDA/NCCL when a GPU is there, else CPU/gloo.
 `--backend` picks the torch.compile backend (eager | aot_eager | inductor; default
-aot_eager, which needs no C++ compiler). `--bucket-cap-mb` is 1 MB by default (the
-smallest the DDPOptimizer accepts) so that this small model has several DDP buckets,
-hence several Dynamo subgraphs.
+aot_eager, which needs no C++ compiler); `--compile-step` compiles the optimizer step too
+(a function calling `opt.step()`, PyTorch's recipe for a compiled optimizer). `--bucket-cap-mb`
+is 1 MB by default (the smallest the DDPOptimizer accepts) so that this small model has
+several DDP buckets, hence several Dynamo subgraphs.
 
 At exit (also when the run is stopped from outside by an exception unwinding the script),
 rank 0 prints one `DYNAMO {...}` line (`_dynamo_report.py`), with ddp_optimizer_buckets = the
@@ -33,6 +34,8 @@ p.add_argument("--batch-size", type=int, default=32)
 # Dynamo's DDPOptimizer asserts bucket_cap >= DDP's 1 MB first bucket, so 1 MB is the
 # smallest usable value; with width 512 (~2.3 MB of fp32 gradients) that is 3 buckets.
 p.add_argument("--bucket-cap-mb", type=float, default=1.0)
+p.add_argument("--compile-step", action="store_true",
+               help="also compile the optimizer step (a function calling opt.step(), as PyTorch's recipe does)")
 args = p.parse_args()
 _dynamo_report.watch()
 # DDPOptimizer says at INFO how many buckets (= compiled subgraphs) it split the graph into.
@@ -83,6 +86,14 @@ opt = torch.optim.SGD(compiled.parameters(), lr=0.05, momentum=0.9)
 g = torch.Generator().manual_seed(rank)
 
 
+def optimizer_step():
+    opt.step()
+
+
+if args.compile_step:
+    optimizer_step = torch.compile(optimizer_step, backend=args.backend)
+
+
 step, loss = 0, None
 try:
     while step < args.steps:
@@ -90,7 +101,7 @@ try:
         y = torch.randint(0, 10, (args.batch_size,), generator=g).to(device)
         loss = nn.functional.cross_entropy(compiled(x), y)
         loss.backward()
-        opt.step()
+        optimizer_step()
         opt.zero_grad()
         step += 1
 finally:

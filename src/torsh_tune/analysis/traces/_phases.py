@@ -57,6 +57,12 @@ def phase_spans(trace: TraceSet, rank: int, timeline: Timeline, *,
     rows = np.flatnonzero(np.isin(ev["name_id"], ids) & host & ~np.isnan(ev["dur_us"]))
     a0 = ev["ts_us"][rows]
     a1 = a0 + ev["dur_us"][rows]
+    # A compiled optimizer step marks its begin and end (two zero-length annotations): one span each pair.
+    b0, b1 = _paired_marks(trace, rank, host)
+    if b0.size:
+        a0, a1 = np.concatenate([a0, b0]), np.concatenate([a1, b1])
+        order = np.argsort(a0, kind="stable")
+        a0, a1 = a0[order], a1[order]
     if timeline.device != "gpu":
         return a0, a1
     if timeline.launch_us is None or a0.size == 0:
@@ -73,6 +79,24 @@ def phase_spans(trace: TraceSet, rank: int, timeline: Timeline, *,
     s = np.asarray([start[i:j].min() for i, j in zip(lo[has], hi[has])], dtype=np.float64)
     e = np.asarray([end[i:j].max() for i, j in zip(lo[has], hi[has])], dtype=np.float64)
     return s, e
+
+
+def _paired_marks(trace: TraceSet, rank: int, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) µs of each ``optimizer.begin`` mark and the first ``optimizer.end`` after it."""
+    ev = trace.ranks[rank].table
+    prefix = re.escape(PHASE_ANNOTATION_PREFIX)
+    marks = [np.sort(ev["ts_us"][np.isin(ev["name_id"], trace.symbols.ids_matching(f"^{prefix}optimizer\\.{which}$"))
+                                 & host])
+             for which in ("begin", "end")]
+    begins, ends = marks
+    if not (begins.size and ends.size):
+        return np.empty(0), np.empty(0)
+    k = np.searchsorted(ends, begins, side="left")
+    has = k < ends.size
+    # A begin whose end comes only after the next begin lost its end (the window closed): left out.
+    nxt = np.append(begins[1:], np.inf)
+    has &= ends[np.minimum(k, ends.size - 1)] <= nxt
+    return begins[has], ends[k[has]]
 
 
 def _event_spans(trace: TraceSet, rank: int, timeline: Timeline, a0: np.ndarray,
