@@ -557,25 +557,22 @@ def _compiled_step_marker(rt: "RankRuntime", hooks: tuple[Callable, Callable]) -
     before and after its body (`_use_grad`), so the hooks sit in graphs of their own: no graph break,
     no recompile, two small graphs more per compiled step. None where torch lacks these APIs.
     """
-    try:
-        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
-    except ImportError:
-        rt.note("a compiled optimizer step is not seen: this torch cannot mark it in its graph")
-        return None
-    name = "torsh_tune::optimizer_step_hook"
-
-    @torch.library.custom_op(name, mutates_args=())
     def optimizer_step_hook(which: int, key: int) -> None:
         ref = _OPTIMIZERS.get(key)
         optimizer = ref() if ref is not None else None
         if optimizer is not None:
             hooks[which](optimizer, (), {}, compiled=True)
 
-    @optimizer_step_hook.register_fake
-    def _(which: int, key: int) -> None:
-        return None
+    try:  # private APIs (torch >= 2.4): a torch without them gets a note, never a failed run
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
-    _register_effectful_op(torch.ops.torsh_tune.optimizer_step_hook.default, _EffectType.ORDERED)
+        op = torch.library.custom_op("torsh_tune::optimizer_step_hook", optimizer_step_hook, mutates_args=())
+        op.register_fake(lambda which, key: None)
+        _register_effectful_op(torch.ops.torsh_tune.optimizer_step_hook.default, _EffectType.ORDERED)
+    except Exception as exc:  # noqa: BLE001
+        rt.note(f"a compiled optimizer step is not seen (its graph cannot carry the step's marker: "
+                f"{type(exc).__name__}: {exc})")
+        return None
     original = torch.optim.Optimizer.__init__
 
     @functools.wraps(original)
