@@ -253,7 +253,13 @@ class TraceWindows:
 
     def close(self) -> None:
         """Stop and export a window still open when the rank finishes (marked truncated)."""
-        self.run_pending()
+        # A boundary still pending (a compiled step's last) is acted on without aligning: the other ranks may
+        # have destroyed their process group by now.
+        self._side_failed, failed = True, self._side_failed
+        try:
+            self.run_pending()
+        finally:
+            self._side_failed = failed
         if self._open is not None:
             self._end(truncated=True, align=False)
         elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded
