@@ -222,12 +222,17 @@ for i in range(4):
     scaler.step(opt)
     scaler.update()
     opt.zero_grad()
+    if i == 2:  # an evaluation pass between steps (in step 3): not a training forward
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(16, 8))
+        model.train()
 rt.finish("ok")
 dist.destroy_process_group()
 """
 
 
-def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe(tmp_path):
+def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe_and_evaluation_is_not_training(tmp_path):
     run = RunDir(tmp_path / "run")
     config = {"budget": {"warmup_steps": 0, "steps": 10}, "profiler": {"flush_interval_s": 60}}
     proc = subprocess.run([sys.executable, "-c", SKIPPED_FIRST, str(run.path), json.dumps(config)],
@@ -235,8 +240,9 @@ def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = read_jsonl(run.rank_file(0, "steps"))
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and steps[0]["optimizer_s"] == 0.0  # skipped: no step()
-    # The first optimizer.step() (step 1) found the module: the forwards after it are probed, with their batch.
-    assert [(s["samples"], s["forward_s"] > 0) for s in steps[2:]] == [(4, True), (4, True)]
+    # The first optimizer.step() (step 1) found the module: the forwards after it are probed, with their batch;
+    # step 3's evaluation forward (no grad, 16 samples) is neither its forward nor its samples.
+    assert [(s["samples"], s["num_microbatches"], s["forward_s"] > 0) for s in steps[2:]] == [(4, 1, True)] * 2
     assert json.loads(run.rank_file(0, "meta").read_text())["probed_modules"] == ["DistributedDataParallel"]
 
 

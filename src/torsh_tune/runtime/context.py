@@ -388,7 +388,9 @@ class RankRuntime:
     # the graph) they do nothing, so they add no graph break; the module outside the compiled
     # region (found at the first optimizer step) is probed instead.
     def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
-        if traced() or flags._is_compiling_flag:
+        # No gradient, no training forward: an evaluation pass (`torch.no_grad()`, `inference_mode`) of the
+        # trained module between steps is neither the step's forward nor its samples (it is in the step's other).
+        if traced() or flags._is_compiling_flag or not torch.is_grad_enabled():
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
