@@ -551,8 +551,9 @@ def _zero_broadcast(ev: dict[str, Any], e: float, ctx: _Context) -> Recommendati
         f"{memory[0].upper() + memory[1:]}: if the state fits without the sharding, step a plain "
         f"{inner or 'optimizer'} on every rank (no broadcast); otherwise overlap the broadcast with DDP's backward "
         "(ZeroRedundancyOptimizer(..., overlap_with_ddp=True) and ddp_model.register_comm_hook(None, "
-        "hook_with_zero_step(allreduce_hook, ddp_model, zero)) from torch.distributed.algorithms.ddp_comm_hooks."
-        "ddp_zero_hook: each bucket's shard is stepped and broadcast once the bucket is reduced), or shard with "
+        "hook_with_zero_step(allreduce_hook, ddp_model, zero)), both hooks from torch.distributed.algorithms."
+        "ddp_comm_hooks (ddp_zero_hook, default_hooks): each bucket's shard is stepped and broadcast once the "
+        "bucket is reduced), or shard with "
         "FSDP2 (fully_shard), whose reduce-scatter and all-gather replace DDP's all-reduce and this broadcast",
         {},
         _gain((waited_s - more_s) * to_pct, min(waited_s * to_pct, e), basis),
