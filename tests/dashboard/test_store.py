@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
+import pytest
 
-from torsh_tune.analysis import load_run
+from torsh_tune.analysis import load_run, measured, step_stats
 from torsh_tune.dashboard import RunStore, get_compare_info, get_kpis, plot_compare_breakdown
 
 from .conftest import add_run
@@ -53,6 +55,16 @@ def test_kpis_and_compare(runs_dir):
     store = RunStore(runs_dir)
     k = get_kpis(store.frames("healthy"))
     assert k.num_steps == 12 and k.median_step_s > 0 and k.num_ranks_reporting == 2
+    # Steps a trace window slowed: the live numbers leave them out as the report does.
+    frames = store.frames("healthy")
+    traced = frames.steps["step"].isin([6, 7])
+    steps = frames.steps.assign(trace=traced.map({True: "recorded", False: None}),
+                                step_s=frames.steps["step_s"].where(~traced, frames.steps["step_s"] * 10))
+    live = get_kpis(dataclasses.replace(frames, steps=steps))
+    report = step_stats(measured(steps, frames.comm)[0])
+    assert live.median_step_s == pytest.approx(report.median_step_s)
+    assert live.throughput_samples_s == pytest.approx(report.throughput_samples_s)
+    assert live.median_step_s < 2 * k.median_step_s
     info = get_compare_info(store.analysis("healthy"), store.analysis("data_bound"))
     median = info.rows[0]
     assert median["metric"] == "median step time" and median["delta_pct"] > 0  # data_bound is slower

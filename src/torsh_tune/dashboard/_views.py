@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds, steady_rate
+from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds, steady_rate, untraced
 from ..reports import TuningInfo
 from ..reports.figures import (
     DEFAULT_MAX_POINTS,
@@ -66,13 +66,14 @@ class OverviewInfo:
 
 
 def get_kpis(frames: RunFrames) -> Kpis:
-    """KPIs from a run's records (warm-up steps excluded from the step-time numbers)."""
+    """KPIs from a run's records (warm-up steps, and trace windows' as the report leaves them out, excluded
+    from the step-time numbers)."""
     steps = frames.steps
     status = status_class(frames.info)
     if steps.empty:
         return Kpis(status=status, num_steps=0, last_step=None, median_step_s=None, throughput_samples_s=None,
                     world_size=frames.world_size, num_ranks_reporting=0, last_record_age_s=None)
-    measured = steps[~steps["warmup"].astype(bool)]
+    measured, _ = untraced(steps[~steps["warmup"].astype(bool)])  # the report's steps: no trace window's
     base = measured if not measured.empty else steps
     g = base.groupby("step", sort=False)
     per_step = g["step_s"].max()
