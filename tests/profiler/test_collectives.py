@@ -217,6 +217,12 @@ def test_a_deprecated_functional_call_warns_at_the_scripts_line_not_the_captures
     assert {r["collective"] for r in _completed(tracker, 2)} == {"all_reduce", "all_gather_into_tensor"}
 
 
+def test_the_profilers_own_calls_are_ours_but_its_ddp_comm_hook_is_ddps():
+    # The trace windows' anomaly agreement and alignment barrier were recorded as DDP's collectives once.
+    assert issuer_of("torsh_tune.profiler.traces") == "torsh-tune"
+    assert issuer_of("torsh_tune.profiler.comm") == "ddp"
+
+
 @pytest.mark.parametrize(
     ("module", "issuer"),
     [

@@ -127,9 +127,10 @@ _ISSUERS = (
     ("torsh_tune.strategies.collectives", "ddp"),
     ("torsh_tune.strategies.pipeline", "pipeline"),
     ("torsh_tune.strategies.fsdp", "fsdp"),
-    # The trace windows' own agreement and alignment on their side group: ours, not the script's.
-    ("torsh_tune.profiler.traces", "torsh-tune"),
-    ("torsh_tune.profiler", "ddp"),
+    # The DDP comm hook that times buckets; the rest of the profiler (the trace windows' agreements and
+    # alignments on their side group) is ours, not the script's.
+    ("torsh_tune.profiler.comm", "ddp"),
+    ("torsh_tune.profiler", "torsh-tune"),
     ("torsh_tune.runtime", "torsh-tune"),
     ("torch.distributed.tensor", "dtensor"),
     # Distributed checkpointing (DCP's save/load plan and metadata exchange: object collectives, a barrier).

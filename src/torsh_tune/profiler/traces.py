@@ -158,6 +158,7 @@ class TraceWindows:
         self._sent_anomaly: dict[str, Any] | None = None  # this rank's part of the agreement in flight
         self._group: Any = None
         self._side_failed = False  # the side group missed an alignment: no more agreements or alignments on it
+        self._closing = False  # the rank is finishing: the other ranks may have destroyed their groups
         self.windows: list[dict[str, Any]] = []  # the records written, for the runtime's meta
         if self._explicit is not None and self._explicit[0] == 0:
             # Step 0 has no boundary before it: its window starts now, before the script runs.
@@ -253,15 +254,11 @@ class TraceWindows:
 
     def close(self) -> None:
         """Stop and export a window still open when the rank finishes (marked truncated)."""
-        # A boundary still pending (a compiled step's last) is acted on without aligning: the other ranks may
-        # have destroyed their process group by now.
-        self._side_failed, failed = True, self._side_failed
-        try:
-            self.run_pending()
-        finally:
-            self._side_failed = failed
+        # A boundary still pending (a compiled step's last) is acted on without aligning (`_closing`).
+        self._closing = True
+        self.run_pending()
         if self._open is not None:
-            self._end(truncated=True, align=False)
+            self._end(truncated=True)
         elif self._warming is not None:  # the run ended in the warm-up step: nothing was recorded
             window, self._warming, self.warming = self._warming, None, False
             with contextlib.suppress(Exception), _quiet_stderr():
@@ -345,7 +342,7 @@ class TraceWindows:
         `ALIGN_TIMEOUT_S` in vain stops aligning (and agreeing) and says so in its notes.
         """
         dist = _dist_if_initialized()
-        if dist is None or self._world_size == 1 or self._side_failed:
+        if dist is None or self._world_size == 1 or self._side_failed or self._closing:
             return None
         from datetime import timedelta
 
@@ -407,7 +404,7 @@ class TraceWindows:
         if self._restart_step_clock is not None:
             self._restart_step_clock(now())
 
-    def _end(self, *, truncated: bool, align: bool = True) -> None:
+    def _end(self, *, truncated: bool) -> None:
         window, self._open, self.recording = self._open, None, False
         assert window is not None
         record: dict[str, Any] = {
@@ -445,8 +442,8 @@ class TraceWindows:
             self._note(f"trace window {window.name} not exported: {record['error']}")
         record.update(self._cost(window, stop_s=t1 - t0, export_s=t2 - t1))
         # Stopping and exporting ran between two steps: every rank leaves this boundary together (a rank
-        # finishing its run does not wait), and the next step's time starts after it.
-        record["end_align_s"] = self._align() if align else None
+        # finishing its run does not wait: `_closing`), and the next step's time starts after it.
+        record["end_align_s"] = self._align()
         self._append(record)
         self.windows.append(record)
         t = now()

@@ -456,7 +456,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     # "seen": an optimizer has stepped (its first step finds the module to probe). Not "owner": a step
     # GradScaler skips (inf/NaN gradients, common while its scale calibrates) owns the boundary without one.
     state: dict[str, Any] = {"t0": 0.0, "ev0": None, "owner": None, "stepped": False, "scope": None,
-                             "outer": None, "nested": 0, "seen": False, "compiled": False}
+                             "outer": None, "nested": 0, "seen": False}
     tracker = rt.tracker
     traces = rt.traces
     profiled = rt.config.profiler.enabled
@@ -478,10 +478,12 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
             state["seen"] = True
             _first_optimizer_step(rt, optimizer)
         events = tracker.device_events
-        state["compiled"] = compiled
         if traces is not None and traces.recording and state["scope"] is None:
-            # From a compiled graph's op the span would outlive the op's own profiler event: marks instead.
-            state["scope"] = (traces.mark("optimizer.begin") or None) if compiled else traces.annotate("optimizer")
+            # From a compiled graph's op a span would outlive the op's own profiler event: two marks instead.
+            if not compiled:
+                state["scope"] = traces.annotate("optimizer")
+            elif traces.mark("optimizer.begin"):
+                state["scope"] = _MARKED
         state["ev0"] = events.record() if events is not None else None
         state["t0"] = perf() + off
 
@@ -500,7 +502,7 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         ev0 = state["ev0"]
         ev1 = tracker.device_events.record() if ev0 is not None else None
         if state["scope"] is not None:  # closed before the step boundary, which may end the window
-            if state["compiled"]:
+            if state["scope"] is _MARKED:
                 traces.mark("optimizer.end")
             else:
                 TraceWindows.end_annotation(state["scope"])
@@ -540,6 +542,9 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
     register_optimizer_step_post_hook(post)
     _patch_grad_scaler(state, boundary)
 
+
+# The optimizer phase of a compiled step, marked at its begin (`TraceWindows.mark`) rather than annotated.
+_MARKED = object()
 
 # Optimizers by id(), for the compiled step marker: a graph can only carry an int (registered at construction).
 _OPTIMIZERS: dict[int, weakref.ref] = {}
