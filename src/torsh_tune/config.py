@@ -183,6 +183,9 @@ class ThresholdsConfig:
     gpu_util_medium_pct: float = _f(80.0, "GPU utilisation below this % is a medium bottleneck.")
     io_high_pct: float = _f(10.0, "Data-loading wait above this % of step time is high.")
     io_critical_pct: float = _f(30.0, "Data-loading wait above this % of step time is critical.")
+    eval_high_pct: float = _f(
+        10.0, "Evaluation passes between steps above this % of the measured time are high (above half of it, medium)."
+    )
     straggler_pct: float = _f(
         10.0, "A rank later than the others by this % of the step is a straggler (medium; high above 2x, critical above 3x)."
     )

@@ -74,6 +74,13 @@ class StepRecord:
     # checkpointing's save and async_save's blocking part; nested calls once): I/O that blocks the step,
     # on the host clock whatever `clock` says. Absent: no save in the step.
     checkpoint_s: float | None = None
+    # An evaluation pass in this step: forwards of the trained module without gradients and in eval mode
+    # (a validation loop between steps). Host seconds from the first batch fetched for it to the end of its
+    # last forward, less the training phases in between, whatever `clock` says; those batches' fetches are
+    # not in `data_s`, its forwards not in `forward_s`, `samples` or `num_microbatches`. Absent: none.
+    eval_s: float | None = None
+    eval_batches: int | None = None  # its forwards
+    eval_samples: int | None = None  # their batches' first dimension, summed
     # The step inside a deep-trace window: "recorded" (the profiler recorded it, which slows it) or "warmup"
     # (the step the window's profiler started in, before recording). Absent: no window. The analysis leaves
     # these steps out of the step statistics where enough others remain (`analysis.measured`).

@@ -118,3 +118,18 @@ def test_alert_thresholds_are_validated(key, value, rule):
     with pytest.raises(ConfigError, match=rule.replace("[", r"\[").replace("]", r"\]")):
         RunConfig.from_dict({"thresholds": {key: value}}).validate()
     RunConfig.from_dict({"thresholds": {"alert_duration_s": 600.0}}).validate()  # seconds, not a percentage
+
+
+def test_a_step_slow_for_its_evaluation_or_its_checkpoint_is_no_spike(tmp_path):
+    run = write_planted_run(tmp_path / "planted")
+    frames = load_run(run)
+    steps = frames.steps
+    spike = steps["step"] == SPIKE_STEP
+    # The planted spike (4x the median) was the step's evaluation pass: 3/4 of it; then its checkpoint save.
+    for col in ("eval_s", "checkpoint_s"):
+        held = dataclasses.replace(frames, steps=steps.assign(**{col: (0.75 * steps["step_s"]).where(spike)}))
+        assert not [a for a in find_alerts(held) if a.kind == "step_time_spike"], col
+    # An evaluation of a tenth of it leaves 3.6x the median to training: still past the 3x factor, still a spike.
+    rest = dataclasses.replace(frames, steps=steps.assign(eval_s=(0.1 * steps["step_s"]).where(spike)))
+    (a,) = [a for a in find_alerts(rest) if a.kind == "step_time_spike"]
+    assert a.start_step == SPIKE_STEP and a.peak == pytest.approx(3.6)

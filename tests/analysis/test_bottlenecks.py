@@ -279,3 +279,41 @@ def test_checkpoint_saves_are_graded_by_their_share_of_the_measured_time(share, 
         (rec,) = recommend(found)
         assert "async_save" in rec.title and rec.expected_gain.high_pct == pytest.approx(b.evidence["checkpoint_pct"])
     assert checkpoint_saves(pd.DataFrame(rows).drop(columns="checkpoint_s")) is None
+
+
+@pytest.mark.parametrize(("share", "severity"), [(4.0, None), (6.0, "medium"), (12.0, "high"), (45.0, "high")])
+def test_evaluation_passes_are_graded_by_their_share_of_the_measured_time(share, severity):
+    import pandas as pd
+
+    from torsh_tune.analysis import evaluation_passes
+
+    # 40 steps of 0.1 s per rank; rank 0's evaluations (every 10 steps, 6 batches of 32) take `share` % of its 4 s.
+    rows = [{"rank": r, "step": s, "step_s": 0.1, "eval_s": share / 100 * 4.0 / 4 * (1 - r / 2) if s % 10 == 9
+             else None, "eval_batches": 6 if s % 10 == 9 else None, "eval_samples": 192 if s % 10 == 9 else None}
+            for r in (0, 1) for s in range(40)]
+    passes = evaluation_passes(pd.DataFrame(rows))
+    assert (passes["rank"], passes["passes"], passes["every_steps"]) == (0, 4, 10)
+    assert (passes["batches_per_pass"], passes["samples_per_pass"]) == (6, 192)
+    assert passes["eval_pct"] == pytest.approx(share, rel=0.05)
+    found = [b for b in diagnose(breakdown=_bd(forward=50.0, other=50.0), evaluation=passes, world_size=2)
+             if "eval_pct" in b.evidence]
+    assert [b.severity for b in found] == ([severity] if severity else [])
+    if severity:
+        (b,) = found
+        assert b.category == "computation" and "is evaluation: 4 pass(es)" in b.message and "(6 batches)" in b.message
+        (rec,) = recommend(found)
+        assert rec.title == "Evaluate less often, or on fewer batches"
+        assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == pytest.approx((share / 2, share), rel=0.05)
+    assert evaluation_passes(pd.DataFrame(rows).drop(columns="eval_s")) is None
+
+
+@pytest.mark.parametrize(("built_by", "where"), [("transformers", "per_device_eval_batch_size"),
+                                                  ("lightning", "limit_val_batches"),
+                                                  ("user", "the script's evaluation interval")])
+def test_the_evaluation_advice_says_where_each_framework_sets_it(built_by, where):
+    from torsh_tune.analysis import Bottleneck
+
+    b = Bottleneck(category="computation", severity="high", ranks=(0, 1), message="",
+                   evidence={"eval_pct": 20.0, "median_pass_s": 0.05, "every_steps": 4, "batches_per_pass": 8})
+    (rec,) = recommend([b], meta={0: {"ddp": {"built_by": built_by}}})
+    assert where in rec.rationale and "50 ms every 4 steps" in rec.rationale

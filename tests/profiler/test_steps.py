@@ -119,6 +119,52 @@ def test_a_step_runs_from_the_previous_end_and_sums_its_phases(run, writer):
         assert_record_schema(record, "steps")
 
 
+def test_an_evaluation_pass_is_its_own_time_and_its_batches_are_not_data_wait_nor_samples(run, writer):
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.on_data(10.0, 10.125, 8)  # a training batch fetched in the step before (a loader prefetching)
+    tracker.on_forward(10.125, 10.25, 8)
+    tracker.on_optimizer(10.25, 10.5)
+    assert tracker.end_step(10.5) == 1 and not tracker.last_unusual
+    # Step 1: a validation pass of three batches between the steps, then a training step.
+    tracker.on_data(10.5, 10.625, 16)
+    tracker.on_eval(10.625, 11.0, 16)
+    tracker.on_data(11.0, 11.125, 16)
+    tracker.on_eval(11.125, 11.5, 16)
+    tracker.on_data(11.5, 11.625, 4)  # the last batch is smaller
+    tracker.on_eval(11.625, 12.0, 4)
+    tracker.on_data(12.25, 12.5, 8)  # after the pass (its metrics, 12-12.25, are not in it): the training batch
+    tracker.on_forward(12.5, 12.75, 8)
+    tracker.on_backward(12.75, 13.0, None)
+    tracker.on_optimizer(13.0, 13.25)
+    assert tracker.unusual
+    assert tracker.end_step(13.25) == 2 and tracker.last_unusual and not tracker.unusual
+    # Step 2: an evaluation forward between the training forward and its backward (the pass's span holds
+    # them; the training phases inside it are not the pass's).
+    tracker.on_data(13.25, 13.5, 8)
+    tracker.on_forward(13.5, 13.75, 8)
+    tracker.on_data(13.75, 14.0, 2)
+    tracker.on_eval(14.0, 14.25, 2)
+    tracker.on_checkpoint(14.25, 14.5)
+    tracker.on_eval(14.5, 14.75, 2)
+    tracker.on_backward(14.75, 15.0, None)
+    tracker.on_optimizer(15.0, 15.25)
+    tracker.end_step(15.25)
+    first, passed, inside = _lines(run, writer, "steps")
+    assert "eval_s" not in first and (first["data_s"], first["samples"]) == (0.125, 8)
+    assert (passed["eval_s"], passed["eval_batches"], passed["eval_samples"]) == (1.5, 3, 36)
+    assert (passed["data_s"], passed["forward_s"], passed["samples"], passed["num_microbatches"]) == (0.25, 0.25, 8, 1)
+    assert (inside["eval_s"], inside["eval_batches"], inside["eval_samples"]) == (0.75, 2, 4)  # 13.75-14.75 less the save
+    assert (inside["data_s"], inside["checkpoint_s"], inside["samples"]) == (0.25, 0.25, 8)
+    for record in (first, passed, inside):
+        assert_record_schema(record, "steps")
+
+
+def test_an_evaluation_pass_before_the_first_step_is_no_steps(run, writer):
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.on_eval(9.0, 9.5, 16)  # a sanity check before training: the tracker is idle
+    assert not tracker.unusual and tracker.phases == []
+
+
 def test_a_closure_optimizer_keeps_only_its_own_time(run, writer):
     # Lightning's optimizer.step(closure): forward and backward run inside the optimizer step.
     tracker = _tracker(writer)
@@ -397,6 +443,26 @@ def test_device_clock_steps_are_written_once_their_events_completed(run, writer)
     assert [(c["duration_s"], c["t_start"], c["t_complete"]) for c in comm] == [(0.75, 11.25, 12.0),
                                                                                (0.75, 12.25, 13.0)]
     assert tracker.device_errors == []
+
+
+def test_on_the_device_clock_data_ends_at_the_first_forward_an_evaluations_included(run, writer):
+    tracker = _tracker(writer, warmup_steps=0, loss_every=1)
+    ev = tracker.device_events = _ScriptedEvents()
+    ev.t = 100.0
+    tracker.on_data(10.0, 10.125, 4)  # the step's start event: device time 100
+    tracker.on_eval(10.125, 10.25, 4, ev.at(100.5))  # the device reached the evaluation at 100.5
+    tracker.on_data(10.25, 10.375, 4)
+    tracker.on_forward(10.375, 10.5, 4, (ev.at(101.5), ev.at(102.0)))
+    tracker.on_backward(10.5, 10.625, torch.tensor(1.0), (ev.at(102.0), ev.at(103.0)))
+    tracker.on_optimizer(10.625, 10.75, (ev.at(103.0), ev.at(103.5)))
+    ev.t = 104.0
+    tracker.end_step(10.75)
+    ev.complete()
+    tracker.flush_pending()
+    (step,) = _lines(run, writer, "steps")
+    assert step["clock"] == "device" and step["data_s"] == 0.5 and step["host_data_s"] == 0.125
+    assert (step["eval_s"], step["eval_batches"]) == (0.25, 1)  # host seconds, whatever the clock
+    assert len(tracker.device_events._free) == 8  # every event back in the pool, the evaluation's too
 
 
 def test_a_step_whose_events_cannot_be_read_stays_on_the_host_clock(run, writer):

@@ -243,6 +243,9 @@ def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe_and_eval
     # The first optimizer.step() (step 1) found the module: the forwards after it are probed, with their batch;
     # step 3's evaluation forward (no grad, 16 samples) is neither its forward nor its samples.
     assert [(s["samples"], s["num_microbatches"], s["forward_s"] > 0) for s in steps[2:]] == [(4, 1, True)] * 2
+    # ... it is the step's evaluation pass (the DDP model in eval mode, under no_grad).
+    assert [(s.get("eval_batches"), s.get("eval_samples"), s.get("eval_s", 0) > 0) for s in steps] == [
+        (None, None, False)] * 3 + [(1, 16, True)]
     assert json.loads(run.rank_file(0, "meta").read_text())["probed_modules"] == ["DistributedDataParallel"]
 
 

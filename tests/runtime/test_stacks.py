@@ -462,6 +462,35 @@ def test_a_compiled_optimizer_step_is_still_one_step_and_adds_no_graph_break(tmp
     _assert_self_check(run)
 
 
+def test_the_trainers_evaluation_passes_are_their_own_time_not_training_nor_a_spike(tmp_path):
+    # The Trainer evaluates every 4 steps on 128 held-out samples (8 batches of 8 per rank), after the optimizer
+    # step: in the step that follows. Its evaluation loop runs the unwrapped model (DDP's `module`), under
+    # no_grad and in eval mode. Before evaluations were seen they were "other" of those steps and raised a
+    # step-time spike each; the DDP wrapper's probe never saw the forwards.
+    pytest.importorskip("transformers")
+    run = _profile(tmp_path, "hf_eval", "stack_hf_trainer.py", "--steps", "1000", "--eval-steps", "4",
+                   "--eval-samples", "128", steps=16)
+    per_rank = _assert_steps_and_forward(run, 16)
+    expected = {s for s in range(16 + WARMUP) if s and s % 4 == 0}
+    for steps in per_rank:
+        evaluated = {s["step"]: s for s in steps if s.get("eval_s")}
+        assert set(evaluated) == expected, sorted(evaluated)
+        for s in evaluated.values():
+            assert (s["eval_batches"], s["eval_samples"]) == (8, 64) and s["eval_s"] < s["step_s"]
+            assert s["data_s"] + s["forward_s"] + s["eval_s"] <= s["step_s"]
+        # The evaluation's batches are neither the step's samples nor its micro-batches.
+        assert {(s["samples"], s["num_microbatches"]) for s in steps if not s["warmup"]} == {(8, 1)}
+    a = analyze_run(run.path)
+    (finding,) = [b for b in a.bottlenecks if "eval_pct" in b.evidence]
+    ev = finding.evidence
+    assert finding.category == "computation" and ev["eval_pct"] > 5
+    assert (ev["passes"], ev["every_steps"], ev["batches_per_pass"], ev["samples_per_pass"]) == (
+        len([s for s in expected if s >= WARMUP]), 4, 8, 64)
+    (rec,) = [r for r in a.recommendations if r.title == "Evaluate less often, or on fewer batches"]
+    assert "per_device_eval_batch_size" in rec.rationale and rec.expected_gain.high_pct == pytest.approx(ev["eval_pct"])
+    assert not [al for al in a.alerts if al.kind == "step_time_spike" and al.start_step in expected], a.alerts
+
+
 @pytest.mark.parametrize("script", ["stack_hf_trainer.py", "stack_accelerate.py", "stack_lightning.py"])
 def test_trainer_loops_measure_steps_forward_and_their_ddp_all_reduce(tmp_path, script):
     pytest.importorskip({"stack_hf_trainer.py": "transformers", "stack_accelerate.py": "accelerate",

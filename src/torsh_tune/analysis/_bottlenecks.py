@@ -47,6 +47,7 @@ def diagnose(
     reference_busbw_at: Callable[[float], float | None] | None = None,
     host_cores_per_rank: float | None = None,
     checkpoint: dict[str, Any] | None = None,
+    evaluation: dict[str, Any] | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -80,6 +81,8 @@ def diagnose(
             DataLoader workers nothing to gain (`size_workers`).
         checkpoint: the measured steps' checkpoint saves (`checkpoint_saves`): an `io` finding when
             they take more than half of `io_high_pct` of the measured time.
+        evaluation: the measured steps' evaluation passes (`evaluation_passes`): a `computation` finding
+            (evidence `eval_pct`) when they take more than half of `eval_high_pct` of the measured time.
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -103,6 +106,7 @@ def diagnose(
                           straggler_found=straggler is not None)
     found += _io(breakdown, data_wait_by_rank or {}, th, all_ranks, system, host_cores_per_rank)
     found += _checkpoint(checkpoint, th, all_ranks)
+    found += _evaluation(evaluation, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
     found += _pipeline(pipeline, th, all_ranks)
@@ -377,6 +381,38 @@ def _checkpoint(saves: dict[str, Any] | None, th: ThresholdsConfig,
                f"{saves['saves']} save(s) of {1e3 * saves['median_save_s']:.0f} ms{every}, blocking training "
                "(the median step does not show them)")
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), pct)]
+
+
+def _evaluation(passes: dict[str, Any] | None, th: ThresholdsConfig,
+                ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    """Evaluation passes between steps: compute that trains nothing, their share of the measured time."""
+    if not passes:
+        return []
+    pct = round(float(passes["eval_pct"]), 2)
+    severity = _level(pct, critical=100.0, high=th.eval_high_pct, medium=th.eval_high_pct / 2)
+    if severity is None:
+        return []
+    involved = tuple(r for r, v in passes["eval_pct_by_rank"].items() if v > th.eval_high_pct / 2) or ranks
+    every = f", every {passes['every_steps']} steps" if passes.get("every_steps") else ""
+    batches = passes.get("batches_per_pass")
+    size = f" ({batches} batches)" if batches else ""
+    evidence = {
+        "eval_pct": pct,
+        "eval_pct_by_rank": passes["eval_pct_by_rank"],
+        "passes": passes["passes"],
+        "median_pass_s": passes["median_pass_s"],
+        "every_steps": passes.get("every_steps"),
+        "batches_per_pass": batches,
+        "samples_per_pass": passes.get("samples_per_pass"),
+        "eval_s": passes["eval_s"],
+        "measured_s": passes["measured_s"],
+        "threshold_high_pct": th.eval_high_pct,
+    }
+    message = (f"{pct:.1f} % of the measured time (rank {passes['rank']}) is evaluation: {passes['passes']} "
+               f"pass(es) of {1e3 * passes['median_pass_s']:.0f} ms{size}{every}, training waits for them "
+               "(the median step does not show them)")
+    return [(Bottleneck(category="computation", severity=severity, ranks=involved, evidence=evidence,
+                        message=message), pct)]
 
 
 def _idle_cores_per_rank(system: SystemStats, host_cores_per_rank: float | None) -> tuple[float | None, str | None]:

@@ -79,6 +79,7 @@ def recommend(
         # Low GPU utilisation is a computation bottleneck with its own remedies.
         key = "gpu_util" if b.category == "computation" and "gpu_util_pct" in b.evidence else b.category
         key = "checkpoint" if b.category == "io" and "checkpoint_pct" in b.evidence else key
+        key = "evaluation" if b.category == "computation" and "eval_pct" in b.evidence else key
         make = _RULES.get(key)
         if make is None:
             continue
@@ -213,6 +214,35 @@ def _checkpoint(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         _gain(0.0, pct, f"the saves' {pct:.1f} % of the measured time, at most (async_save still blocks for "
                         "the staging copy; not measured here)"),
         "medium",
+    )]
+
+
+def _evaluation(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
+    """Evaluation passes between steps: evaluate less often or on fewer batches (in the framework's terms)."""
+    ev = b.evidence
+    pct, pass_s = float(ev["eval_pct"]), float(ev["median_pass_s"])
+    every, batches = ev.get("every_steps"), ev.get("batches_per_pass")
+    often = f" every {every} steps" if every else ""
+    size = f" over {batches} batches" if batches else ""
+    built_by = str(ctx.ddp.get("built_by") or "user")
+    if built_by == "transformers":
+        where = ("TrainingArguments: a larger eval_steps (or eval_strategy=\"epoch\"), a smaller eval_dataset, "
+                 "a larger per_device_eval_batch_size")
+    elif built_by == "lightning":
+        where = "Trainer: a larger val_check_interval (or check_val_every_n_epoch), limit_val_batches"
+    else:
+        where = "the script's evaluation interval and the size of its held-out loader"
+    return [_rec(
+        "computation",
+        "Evaluate less often, or on fewer batches",
+        f"an evaluation pass{size} blocks training for {1e3 * pass_s:.0f} ms{often}, {pct:.1f} % of the measured "
+        "time. Evaluating half as often halves that; so does a held-out set half the size (at the price of a "
+        "noisier metric). Without gradients the forward keeps no activations for a backward: a larger "
+        f"evaluation batch usually fits and runs faster per sample (not measured here). Where: {where}",
+        {},
+        _gain(pct / 2, pct, f"the evaluation's {pct:.1f} % of the measured time: half of it evaluating half as "
+                            "often, all of it without evaluation"),
+        "low",
     )]
 
 
@@ -877,6 +907,7 @@ def _pipeline(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
 _RULES = {
     "io": _io,
     "checkpoint": _checkpoint,
+    "evaluation": _evaluation,
     "communication": _communication,
     "network": _network,
     "straggler": _straggler,

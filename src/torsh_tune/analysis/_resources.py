@@ -9,8 +9,8 @@ import pandas as pd
 
 from ._types import MemoryStats, SystemStats
 
-__all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "checkpoint_saves", "data_wait_by_rank", "idle_cores", "measured_windows",
-           "memory_stats", "system_stats"]
+__all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "checkpoint_saves", "data_wait_by_rank", "evaluation_passes", "idle_cores",
+           "measured_windows", "memory_stats", "system_stats"]
 
 
 def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
@@ -41,30 +41,83 @@ def checkpoint_saves(steps: pd.DataFrame) -> dict[str, Any] | None:
         >>> round(c["checkpoint_pct"], 1), c["saves"], c["every_steps"]
         (66.7, 2, 2)
     """
-    if steps.empty or "checkpoint_s" not in steps:
+    share = _rare_share(steps, "checkpoint_s")
+    if share is None:
         return None
-    saved = pd.to_numeric(steps["checkpoint_s"], errors="coerce").fillna(0.0)
-    if not (saved > 0).any():
+    return {"checkpoint_pct": share.pct, "checkpoint_pct_by_rank": share.pct_by_rank, "rank": share.rank,
+            "saves": share.count, "median_save_s": share.median_s, "every_steps": share.every_steps,
+            "checkpoint_s": share.total_s, "measured_s": share.measured_s}
+
+
+def evaluation_passes(steps: pd.DataFrame) -> dict[str, Any] | None:
+    """The measured steps' evaluation passes (`StepRecord.eval_s`), as a share of their time.
+
+    Like a checkpoint save, an evaluation between steps is rare and long: the median step never
+    shows it, so its cost is its total over the steps' total, per rank (the rank that lost most).
+    On the device clock the steps' total is the host's (`host_step_s`), the clock of `eval_s`.
+
+    Returns:
+        None without an evaluation; else eval_pct (the worst rank's), eval_pct_by_rank, rank, passes (steps
+        with one on that rank), median_pass_s, every_steps (median gap, None for one), batches_per_pass and
+        samples_per_pass (medians), eval_s (that rank's total) and measured_s (its steps' total).
+
+    Example:
+        >>> steps = pd.DataFrame({"rank": [0] * 4, "step": [1, 2, 3, 4], "step_s": [0.1, 0.3, 0.1, 0.3],
+        ...                       "eval_s": [None, 0.2, None, 0.2], "eval_batches": [None, 4, None, 4],
+        ...                       "eval_samples": [None, 64, None, 64]})
+        >>> e = evaluation_passes(steps)
+        >>> e["eval_pct"], e["passes"], e["every_steps"], e["batches_per_pass"]
+        (50.0, 2, 2, 4)
+    """
+    share = _rare_share(steps, "eval_s")
+    if share is None:
         return None
+    mine = steps.loc[share.index]
+
+    def per_pass(col: str) -> int | None:
+        values = pd.to_numeric(mine[col], errors="coerce").dropna() if col in mine else pd.Series(dtype=float)
+        return int(values.median()) if not values.empty else None
+
+    return {"eval_pct": share.pct, "eval_pct_by_rank": share.pct_by_rank, "rank": share.rank,
+            "passes": share.count, "median_pass_s": share.median_s, "every_steps": share.every_steps,
+            "batches_per_pass": per_pass("eval_batches"), "samples_per_pass": per_pass("eval_samples"),
+            "eval_s": share.total_s, "measured_s": share.measured_s}
+
+
+class _RareShare(NamedTuple):
+    pct: float  # the worst rank's total over its measured time, %
+    pct_by_rank: dict[int, float]
+    rank: int
+    count: int  # that rank's steps with some
+    median_s: float  # their median
+    every_steps: int | None  # median gap between them
+    total_s: float
+    measured_s: float
+    index: pd.Index  # those steps' rows
+
+
+def _rare_share(steps: pd.DataFrame, column: str) -> _RareShare | None:
+    """Host seconds in `column` (a rare, long part of some steps) over the measured time, per rank."""
+    if steps.empty or column not in steps:
+        return None
+    spent = pd.to_numeric(steps[column], errors="coerce").fillna(0.0)
+    if not (spent > 0).any():
+        return None
+    step_s = pd.to_numeric(steps["step_s"], errors="coerce")
+    if "host_step_s" in steps:  # device-clock records: the host's step, the clock of these fields
+        step_s = pd.to_numeric(steps["host_step_s"], errors="coerce").fillna(step_s)
     by_rank: dict[int, tuple[float, float]] = {}
-    for rank, mine in steps.assign(_saved=saved).groupby("rank"):
-        total = float(pd.to_numeric(mine["step_s"], errors="coerce").fillna(0.0).sum())
-        by_rank[int(rank)] = (float(mine["_saved"].sum()), total)
+    for rank, mine in steps.assign(_spent=spent, _step=step_s.fillna(0.0)).groupby("rank"):
+        by_rank[int(rank)] = (float(mine["_spent"].sum()), float(mine["_step"].sum()))
     pct = {r: 100.0 * s / t if t > 0 else 0.0 for r, (s, t) in by_rank.items()}
     worst = max(pct, key=lambda r: pct[r])
-    mine = steps[(steps["rank"] == worst) & (saved > 0)]
+    mine = steps[(steps["rank"] == worst) & (spent > 0)]
     at = sorted(int(s) for s in mine["step"])
     gaps = [b - a for a, b in zip(at, at[1:])]
-    return {
-        "checkpoint_pct": pct[worst],
-        "checkpoint_pct_by_rank": {r: round(v, 2) for r, v in sorted(pct.items())},
-        "rank": worst,
-        "saves": len(at),
-        "median_save_s": float(saved[mine.index].median()),
-        "every_steps": int(pd.Series(gaps).median()) if gaps else None,
-        "checkpoint_s": by_rank[worst][0],
-        "measured_s": by_rank[worst][1],
-    }
+    return _RareShare(pct=pct[worst], pct_by_rank={r: round(v, 2) for r, v in sorted(pct.items())}, rank=worst,
+                      count=len(at), median_s=float(spent[mine.index].median()),
+                      every_steps=int(pd.Series(gaps).median()) if gaps else None,
+                      total_s=by_rank[worst][0], measured_s=by_rank[worst][1], index=mine.index)
 
 
 def memory_stats(steps: pd.DataFrame, system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> MemoryStats | None:

@@ -69,6 +69,9 @@ class StepTracker:
         self._t_start: float | None = None
         self.idle = True  # no phase yet in this run: the first one calls `mark_activity`
         self.loss_due = True  # whether the current step reads its loss: step % loss_every == 0
+        # The current step holds an evaluation pass or a checkpoint save: slow by design, no anomaly
+        # (`last_unusual` keeps the verdict of the step just ended, for the trace windows' anomaly check).
+        self.unusual = self.last_unusual = False
         self._comm_seq = 0
         # Completed collectives (or device-pending ones) arrive here, also from communication
         # threads; deque appends are atomic. A record dict, or a synchronous host-clock call's tuple,
@@ -171,10 +174,17 @@ class StepTracker:
     def on_optimizer(self, t0: float, t1: float, events: tuple[Any, Any] | None = None) -> None:
         self.phases.append(("optimizer", t0, t1, None, events))
 
+    def on_eval(self, t0: float, t1: float, batch_size: int, start_event: Any = None) -> None:
+        """A forward of an evaluation pass (no gradients, eval mode); one before the first step is no step's."""
+        if not self.idle:
+            self.phases.append(("eval", t0, t1, batch_size, (start_event, None) if start_event is not None else None))
+            self.unusual = True
+
     def on_checkpoint(self, t0: float, t1: float) -> None:
         """A checkpoint save on the training thread (host clock); one before the first step is no step's."""
         if not self.idle:
             self.phases.append(("checkpoint", t0, t1, None, None))
+            self.unusual = True
 
     def next_comm(self) -> tuple[int, int]:
         """(step, seq) for a collective issued now."""
@@ -227,6 +237,7 @@ class StepTracker:
             self._write_ready()
         self.step = step = step + 1
         self.loss_due = step % self._loss_every == 0
+        self.last_unusual, self.unusual = self.unusual, False
         self._t_start = t_end
         self.tokens = 0
         self.phases = []
@@ -332,21 +343,35 @@ class StepTracker:
         samples = loader_samples = forwards = backwards = 0
         loss = None
         marks = []
+        # A batch is the next forward's: an evaluation forward's batches are the pass's, not data wait.
+        fetched: list[tuple[float, float, int]] = []
+        passes: list[tuple[float, float, int, Any]] = []  # (t0, t1, samples or -1 for a fetch, start event)
+        trained: list[tuple[float, float]] = []  # every other span: what ran between an evaluation's forwards
         for phase, t0, t1, value, events in entry["ev"]:
-            sums[phase] += t1 - t0
-            if phase == "checkpoint":  # host I/O between the phases, not one of them
-                continue
             if phase == "data":
-                loader_samples += value
+                fetched.append((t0, t1, value))
+                continue
+            if phase == "eval":
+                passes += [(d0, d1, -1, None) for d0, d1, _ in fetched]
+                passes.append((t0, t1, value, events[0] if events is not None else None))
+                fetched = []
                 continue
             if phase == "forward":
+                loader_samples += self._fetched_for_training(fetched, sums, trained)
+                fetched = []
                 samples += value
                 forwards += 1
-            elif phase == "backward":
+            sums[phase] += t1 - t0
+            trained.append((t0, t1))
+            if phase == "checkpoint":  # host I/O between the phases, not one of them
+                continue
+            if phase == "backward":
                 backwards += 1
                 if value is not None:
                     loss = value
             marks.append((phase, t0, t1, *(events or (None, None))))
+        # Fetched for a forward of the next step, or before the forward was probed.
+        loader_samples += self._fetched_for_training(fetched, sums, trained)
         entry["marks"], entry["loss"] = marks, loss
         step, t_start, t_end = entry["step"], entry["t_start"], entry["t_end"]
         entry["record"] = record = {
@@ -371,9 +396,21 @@ class StepTracker:
         }
         if sums["checkpoint"] > 0:
             record["checkpoint_s"] = sums["checkpoint"]
+        if passes:
+            record.update(_evaluation(passes, trained))
+            entry["eval_events"] = [e[3] for e in passes if e[3] is not None]
         if "trace" in entry:
             record["trace"] = entry["trace"]
         return record
+
+    @staticmethod
+    def _fetched_for_training(fetched: list[tuple[float, float, int]], sums: dict[str, float],
+                              trained: list[tuple[float, float]]) -> int:
+        """Add training batches' fetches to the data wait; returns their samples."""
+        for d0, d1, _ in fetched:
+            sums["data"] += d1 - d0
+            trained.append((d0, d1))
+        return sum(n for _, _, n in fetched)
 
     def _finalize(self, entry: dict[str, Any]) -> None:
         record, comm = self._record_of(entry), entry["comm"]
@@ -447,7 +484,12 @@ class StepTracker:
         entry["device_spans"] = spans
         for phase in _PHASES:
             record[phase + "_s"] = sums[phase]
-        # From the device's side, data is what it did (or idled for) before the first forward.
+        # From the device's side, data is what it did (or idled for) before the first forward, an
+        # evaluation pass's included (its forwards record their start, not their end: `eval_s` is host time).
+        for e0 in entry.get("eval_events", ()):
+            s0 = ev.seconds(start, e0)
+            first_forward = s0 if first_forward is None else min(first_forward, s0)
+            released.append(e0)
         record["data_s"] = max(0.0, first_forward) if first_forward is not None else 0.0
         for c in entry["comm"]:
             self._finish_comm(c, start)
@@ -506,6 +548,15 @@ def _wait_comm(c: dict[str, Any]) -> None:
         event = c.get(key)
         if event is not None:
             event.synchronize()
+
+
+def _evaluation(passes: list[tuple[float, float, int, Any]], trained: list[tuple[float, float]]) -> dict[str, Any]:
+    """A step's evaluation (host clock): from the first batch fetched for it to the end of its last forward,
+    less the training spans (`trained`) that ran in between; its forwards and their samples."""
+    lo, hi = min(p[0] for p in passes), max(p[1] for p in passes)
+    training = sum(min(t1, hi) - max(t0, lo) for t0, t1 in trained if t1 > lo and t0 < hi)
+    samples = [p[2] for p in passes if p[2] >= 0]
+    return {"eval_s": max(0.0, hi - lo - training), "eval_batches": len(samples), "eval_samples": sum(samples)}
 
 
 def _own_spans(spans: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:

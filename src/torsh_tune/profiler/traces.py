@@ -196,8 +196,9 @@ class TraceWindows:
             scope.__exit__(None, None, None)
 
     # -- the hook -------------------------------------------------------------------------
-    def on_step_end(self, steps_done: int, t_end: float) -> None:
-        """Called after step ``steps_done - 1`` ended at `t_end` (the tracker's clock)."""
+    def on_step_end(self, steps_done: int, t_end: float, *, unusual: bool = False) -> None:
+        """Called after step ``steps_done - 1`` ended at `t_end` (the tracker's clock); `unusual`: it held an
+        evaluation pass or a checkpoint save, slow by design: neither an anomaly nor a reference step."""
         step = steps_done - 1
         if self._open is not None:
             self._open.last_step = step
@@ -212,7 +213,7 @@ class TraceWindows:
             return
         elif self._last_t is not None:
             step_s = t_end - self._last_t
-            if step >= max(1, self._warmup):  # step 0 holds the script's setup
+            if step >= max(1, self._warmup) and not unusual:  # step 0 holds the script's setup
                 self._outside_s.append(step_s)
                 if self._anomaly:
                     self._check_anomaly(step, step_s)

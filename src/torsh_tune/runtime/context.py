@@ -85,6 +85,8 @@ class RankRuntime:
         }
         self.sampler: SystemSampler | None = None
         self._fwd: tuple[float, Any, int, Any] | None = None  # (t0, start event, batch, trace annotation)
+        # The evaluation forward in progress (no gradients, the module in eval mode): (module, t0, start event, batch).
+        self._eval: tuple[Any, float, Any, int] | None = None
         # Modules whose forward is probed, and those whose batches are not the step's samples
         # (a GAN's second network).
         self.probed_modules: set[Any] = set()
@@ -388,9 +390,12 @@ class RankRuntime:
     # the graph) they do nothing, so they add no graph break; the module outside the compiled
     # region (found at the first optimizer step) is probed instead.
     def forward_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        if traced() or flags._is_compiling_flag:
+            return
         # No gradient, no training forward: an evaluation pass (`torch.no_grad()`, `inference_mode`) of the
-        # trained module between steps is neither the step's forward nor its samples (it is in the step's other).
-        if traced() or flags._is_compiling_flag or not torch.is_grad_enabled():
+        # trained module between steps is neither the step's forward nor its samples (`eval_pre_hook`).
+        if not torch.is_grad_enabled():
+            self.eval_pre_hook(module, args, kwargs)
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
@@ -399,11 +404,16 @@ class RankRuntime:
             traces.run_pending()
         if self._fwd is not None:  # the last forward raised before its post hook: close its annotation
             TraceWindows.end_annotation(self._fwd[3])
+        self._eval = None  # an evaluation forward that raised before its post hook
         scope = traces.annotate("forward") if traces is not None and traces.recording else None
         self._fwd = (_perf() + _OFF, events.record() if events is not None else None, batch, scope)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
-        if traced() or flags._is_compiling_flag or self._fwd is None:
+        if traced() or flags._is_compiling_flag:
+            return
+        if self._fwd is None:
+            if self._eval is not None:
+                self.eval_post_hook(module, args, output)
             return
         t0, ev0, batch, scope = self._fwd
         self._fwd = None
@@ -415,6 +425,27 @@ class RankRuntime:
         if tracker.idle:
             tracker.mark_activity(t0)
         tracker.phases.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))
+
+    # An evaluation pass: a forward of the trained module without gradients and in eval mode (`model.eval()`,
+    # as the Trainer's, Lightning's and any validation loop do). A no-grad forward in train mode is part of
+    # training (pseudo-labels, a rollout) and stays in the step's other. Probed here, and on the modules a
+    # wrapper holds with the same parameters (DDP's `module`: the Trainer evaluates the unwrapped model);
+    # the outermost one is the pass's forward. Host clock (`StepRecord.eval_s`); on CUDA its start is also an
+    # event, so that the device's data time ends at the first forward of either kind.
+    def eval_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        if (traced() or flags._is_compiling_flag or self._eval is not None or module.training
+                or torch.is_grad_enabled()):
+            return
+        batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
+        events = self.tracker.device_events
+        self._eval = (module, _perf() + _OFF, events.record() if events is not None else None, batch)
+
+    def eval_post_hook(self, module: Any, args: Any, output: Any) -> None:
+        if traced() or flags._is_compiling_flag or self._eval is None or self._eval[0] is not module:
+            return
+        _, t0, ev0, batch = self._eval
+        self._eval = None
+        self.tracker.on_eval(t0, _perf() + _OFF, batch, ev0)
 
     @staticmethod
     def _cuda_peak() -> int:

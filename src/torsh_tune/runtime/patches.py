@@ -523,10 +523,11 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
         else:
             done = tracker.end_step(t1)
         rt.steps_done = done
+        unusual = tracker.last_unusual
 
         def after() -> None:
             if traces is not None:
-                traces.on_step_end(done, t1)
+                traces.on_step_end(done, t1, unusual=unusual)
             if rt.ddp_models and profiled:
                 rt.ddp_sample_rate_for(done)
 
@@ -625,15 +626,28 @@ def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -
     rt.meta["trained"] = _trained(params, optimizer)
     if not rt.config.profiler.enabled or rt.tracker.microbatches:
         return
-    roots = [m for m in _outermost_owners({id(p) for p in params}) if m not in rt.probed_modules]
+    owners = _outermost_owners({id(p) for p in params})
+    roots = [m for m in owners if m not in rt.probed_modules]
     for i, module in enumerate(roots):
         rt.probed_modules.add(module)
         module.register_forward_pre_hook(rt.forward_pre_hook, with_kwargs=True)
         module.register_forward_hook(rt.forward_post_hook)
         if i:
             rt._no_samples.add(module)
+        # A wrapper's inner module runs an evaluation pass without it (the Trainer evaluates DDP's `module`).
+        # Not inside a compiled model: a hook added to a module Dynamo has traced would recompile it.
+        for inner in () if _compiled(module) else owners[module]:
+            inner.register_forward_pre_hook(rt.eval_pre_hook, with_kwargs=True)
+            inner.register_forward_hook(rt.eval_post_hook)
+            if i:
+                rt._no_samples.add(inner)
     rt.meta["probed_modules"] = [type(m).__name__ for m in roots]
     rt.save_meta()
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    """`torch.compile(module)`'s wrapper, or a module compiled in place (`Module.compile()`)."""
+    return type(module).__name__ == "OptimizedModule" or module.__dict__.get("_compiled_call_impl") is not None
 
 
 def _trained(params: list[Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -662,15 +676,19 @@ def _whole_numel(param: Any) -> int:
     return int(sum(numels)) if numels else param.numel()
 
 
-def _outermost_owners(param_ids: set[int]) -> list[torch.nn.Module]:
+def _outermost_owners(param_ids: set[int]) -> dict[torch.nn.Module, list[torch.nn.Module]]:
+    """The outermost modules holding any of `param_ids`, each with the modules inside it that hold the same of
+    them (a wrapper's inner module: DDP's `module`, torch.compile's `_orig_mod`, Lightning's LightningModule)."""
     import gc
 
     # type(), not isinstance(): gc also holds weak proxies, which raise once their object is gone.
     modules = [m for m in gc.get_objects() if issubclass(type(m), torch.nn.Module)]
-    holders = [m for m in modules if any(id(p) in param_ids for p in m.parameters())]
+    held = {id(m): frozenset(id(p) for p in m.parameters() if id(p) in param_ids) for m in modules}
+    holders = [m for m in modules if held[id(m)]]
     inner = {id(child) for m in holders for child in m.modules() if child is not m}
     # torch.compile's wrapper holds the model as `_orig_mod` (a submodule): it is outermost.
-    return [m for m in holders if id(m) not in inner]
+    return {m: [c for c in m.modules() if c is not m and held.get(id(c)) == held[id(m)]]
+            for m in holders if id(m) not in inner}
 
 
 # -- checkpoint saves ------------------------------------------------------------------

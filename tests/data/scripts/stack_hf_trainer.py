@@ -7,6 +7,9 @@ the model in DDP through accelerate; the process group is created here first (gl
 CPU, nccl on CUDA) and the Trainer reuses it.
 
     HF_HUB_OFFLINE=1 torchrun --standalone --nproc-per-node 2 stack_hf_trainer.py --steps 30
+
+With `--eval-steps N` the Trainer evaluates on a held-out set every N steps (its evaluation loop runs
+the unwrapped model under `torch.no_grad()`, in eval mode).
 """
 
 import argparse
@@ -26,6 +29,8 @@ p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--batch-size", type=int, default=8, help="per-device train batch size")
 p.add_argument("--seq-len", type=int, default=32)
 p.add_argument("--output-dir", default=None, help="Trainer output_dir (default: a temporary directory)")
+p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps on a held-out set (0: never)")
+p.add_argument("--eval-samples", type=int, default=256, help="samples in the held-out set")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -83,7 +88,9 @@ training_args = TrainingArguments(
     weight_decay=0.01,
     report_to=[],
     save_strategy="no",
-    eval_strategy="no",
+    eval_strategy="steps" if args.eval_steps else "no",
+    eval_steps=args.eval_steps or None,
+    per_device_eval_batch_size=args.batch_size,
     logging_strategy="no",
     disable_tqdm=True,
     use_cpu=not cuda,
@@ -92,7 +99,8 @@ training_args = TrainingArguments(
     dataloader_num_workers=0,
     seed=0,
 )
-trainer = Trainer(model=model, args=training_args, train_dataset=train_ds)
+eval_ds = SyntheticText(args.eval_samples, args.seq_len, seed=1) if args.eval_steps else None
+trainer = Trainer(model=model, args=training_args, train_dataset=train_ds, eval_dataset=eval_ds)
 result = trainer.train()
 if rank == 0:
     print(f"hf_trainer done, {result.global_step} steps, loss {result.training_loss:.4f}, world {world}")

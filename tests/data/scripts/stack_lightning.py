@@ -23,6 +23,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--width", type=int, default=256)
 p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--val-every", type=int, default=0, help="validate every N steps on 64 held-out batches (0: never)")
 p.add_argument("--sigterm-every", type=int, default=1,
                help="broadcast Lightning's SIGTERM flag every N batches instead of every batch (the workaround "
                     "torsh-tune recommends: Lightning-AI/pytorch-lightning#21487)")
@@ -54,6 +55,10 @@ class TinyClassifier(L.LightningModule):
         self.log("train_loss", loss, prog_bar=False, sync_dist=False)
         return loss
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y), sync_dist=True)
+
     def configure_optimizers(self):
         opt = torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
@@ -64,6 +69,7 @@ g = torch.Generator().manual_seed(0)
 x = torch.randn(4096, 32, generator=g)
 y = (x[:, :8].argmax(dim=1))  # learnable labels
 loader = DataLoader(TensorDataset(x, y), batch_size=args.batch_size, shuffle=True, num_workers=0)
+val = DataLoader(TensorDataset(x[:64 * args.batch_size], y[:64 * args.batch_size]), batch_size=args.batch_size)
 
 trainer = L.Trainer(
     strategy="ddp",
@@ -76,6 +82,8 @@ trainer = L.Trainer(
     enable_progress_bar=False,
     enable_model_summary=False,
     num_sanity_val_steps=0,
+    **({"val_check_interval": args.val_every, "check_val_every_n_epoch": None} if args.val_every
+       else {"limit_val_batches": 0}),
 )
 if args.sigterm_every > 1:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
@@ -88,7 +96,7 @@ if args.sigterm_every > 1:
 
     _TrainingEpochLoop._broadcast_sigterm_tensor = _broadcast_sigterm_every
 model = TinyClassifier(args.width)
-trainer.fit(model, loader)
+trainer.fit(model, loader, val if args.val_every else None)
 if trainer.global_rank == 0:
     loss = trainer.callback_metrics.get("train_loss")
     print(f"lightning done, {trainer.global_step} steps, loss {float(loss):.4f}, world {trainer.world_size}")
