@@ -161,3 +161,23 @@ def test_valid_trace_options_round_trip():
     assert cfg.profiler.trace_window_steps == (20, 5) and cfg.profiler.traces_enabled
     assert RunConfig.from_json(cfg.to_json()) == cfg
     assert not RunConfig().profiler.traces_enabled
+
+
+def test_a_step_slow_for_its_evaluation_or_checkpoint_is_no_anomaly_nor_a_reference_step(tmp_path):
+    from torsh_tune.profiler.traces import TraceWindows
+
+    config = RunConfig.from_dict({"profiler": {"trace_on_anomaly": True, "trace_anomaly_factor": 2.0}}).profiler
+    windows = TraceWindows(config=config, run_dir=RunDir(tmp_path / "run"), rank=0, world_size=1)
+    t = 0.0
+    for done in range(1, 9):  # steps 0-7 of 0.1 s: the reference
+        t += 0.1
+        windows.on_step_end(done, t)
+    t += 1.0
+    windows.on_step_end(9, t, unusual=True)  # step 8 held an evaluation pass: 10x, by design
+    assert windows._open is None and max(windows._history) == pytest.approx(0.1)
+    t += 1.0
+    windows.on_step_end(10, t)  # step 9: as slow, for nothing the records explain: a window opens at once (1 rank)
+    opened = windows._open
+    windows.close()
+    assert opened is not None and opened.reason == "anomaly" and opened.start == 10
+    assert (opened.trigger["local"]["step"], opened.trigger["local"]["ratio"]) == (9, pytest.approx(10.0))
