@@ -87,6 +87,8 @@ class RankRuntime:
         self._fwd: tuple[float, Any, int, Any] | None = None  # (t0, start event, batch, trace annotation)
         # The evaluation forward in progress (no gradients, the module in eval mode): (module, t0, start event, batch).
         self._eval: tuple[Any, float, Any, int] | None = None
+        # Modules a wrapper holds with the same parameters: id -> [module, its eval hooks' handles while in eval mode].
+        self._eval_watched: dict[int, list[Any]] = {}
         # Modules whose forward is probed, and those whose batches are not the step's samples
         # (a GAN's second network).
         self.probed_modules: set[Any] = set()
@@ -429,9 +431,31 @@ class RankRuntime:
     # An evaluation pass: a forward of the trained module without gradients and in eval mode (`model.eval()`,
     # as the Trainer's, Lightning's and any validation loop do). A no-grad forward in train mode is part of
     # training (pseudo-labels, a rollout) and stays in the step's other. Probed here, and on the modules a
-    # wrapper holds with the same parameters (DDP's `module`: the Trainer evaluates the unwrapped model);
-    # the outermost one is the pass's forward. Host clock (`StepRecord.eval_s`); on CUDA its start is also an
+    # wrapper holds with the same parameters while they are in eval mode (DDP's `module`: the Trainer
+    # evaluates the unwrapped model); the outermost one is the pass's forward. Host clock (`StepRecord.eval_s`); on CUDA its start is also an
     # event, so that the device's data time ends at the first forward of either kind.
+    def watch_for_evaluation(self, module: Any, *, samples: bool = True) -> None:
+        """Probe `module`'s evaluation forwards while it is in eval mode (`on_train_mode`). Its hooks come and go
+        with the mode: a module with hooks takes nn.Module's slow call path (~3 us per training forward here)."""
+        if id(module) in self._eval_watched:
+            return
+        if not samples:
+            self._no_samples.add(module)
+        self._eval_watched[id(module)] = [module, None]
+        self.on_train_mode(module, module.training)
+
+    def on_train_mode(self, module: Any, mode: bool) -> None:
+        entry = self._eval_watched.get(id(module))
+        if entry is None or entry[0] is not module:
+            return
+        if not mode and entry[1] is None:
+            entry[1] = (module.register_forward_pre_hook(self.eval_pre_hook, with_kwargs=True),
+                        module.register_forward_hook(self.eval_post_hook))
+        elif mode and entry[1] is not None:
+            for handle in entry[1]:
+                handle.remove()
+            entry[1] = None
+
     def eval_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
         if (traced() or flags._is_compiling_flag or self._eval is not None or module.training
                 or torch.is_grad_enabled()):

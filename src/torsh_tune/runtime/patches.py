@@ -637,12 +637,27 @@ def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -
         # A wrapper's inner module runs an evaluation pass without it (the Trainer evaluates DDP's `module`).
         # Not inside a compiled model: a hook added to a module Dynamo has traced would recompile it.
         for inner in () if _compiled(module) else owners[module]:
-            inner.register_forward_pre_hook(rt.eval_pre_hook, with_kwargs=True)
-            inner.register_forward_hook(rt.eval_post_hook)
-            if i:
-                rt._no_samples.add(inner)
+            _patch_train_mode(rt)
+            rt.watch_for_evaluation(inner, samples=not i)
     rt.meta["probed_modules"] = [type(m).__name__ for m in roots]
     rt.save_meta()
+
+
+def _patch_train_mode(rt: "RankRuntime") -> None:
+    """`Module.train(mode)` (and so `eval()`) tells the runtime, for the modules it watches for an evaluation."""
+    original = torch.nn.Module.train
+    if getattr(original, "_torsh_tune", False):
+        return
+
+    @functools.wraps(original)
+    def train(self: torch.nn.Module, mode: bool = True) -> torch.nn.Module:
+        out = original(self, mode)
+        if not (traced() or flags._is_compiling_flag):
+            rt.on_train_mode(self, mode)
+        return out
+
+    train._torsh_tune = True  # type: ignore[attr-defined]
+    torch.nn.Module.train = train
 
 
 def _compiled(module: torch.nn.Module) -> bool:
