@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -89,6 +90,27 @@ def test_info_of_fixture_runs(scenario):
 
     res = F.get_resource_info(frames)
     assert [s.rank for s in res.per_rank] == list(frames.ranks) and not res.has_gpu
+
+
+def test_the_breakdown_figure_shows_a_steps_evaluation_and_checkpoint_out_of_its_other():
+    frames = load_run(DATA / SCENARIOS[0])
+    steps = frames.steps
+    last = int(steps["step"].max())
+    # The last step held an evaluation pass of half its time and a save of a tenth (on every rank).
+    at = steps["step"] == last
+    planted = steps.assign(eval_s=(0.5 * steps["step_s"]).where(at), checkpoint_s=(0.1 * steps["step_s"]).where(at))
+    plain = F.get_breakdown_info(frames)
+    bd = F.get_breakdown_info(dataclasses.replace(frames, steps=planted))
+    assert list(bd.phases_s) == [*PHASES[:-1], "evaluation", "checkpoint", "other"]
+    stacked = np.sum([bd.phases_s[p] for p in bd.phases_s], axis=0)
+    assert stacked == pytest.approx(steps.groupby("step")["step_s"].mean().to_numpy(), rel=1e-6)
+    mean_step = steps.loc[at, "step_s"].mean()
+    assert bd.phases_s["evaluation"][-1] == pytest.approx(min(0.5 * mean_step, plain.phases_s["other"][-1]))
+    assert bd.phases_s["evaluation"][:-1] == (0.0,) * (len(bd.step) - 1)
+    assert bd.phases_s["other"][-1] == pytest.approx(
+        plain.phases_s["other"][-1] - bd.phases_s["evaluation"][-1] - bd.phases_s["checkpoint"][-1])
+    fig = F.plot_breakdown(bd)
+    assert [t.name for t in fig.data][-3:] == ["evaluation", "checkpoint saves", "other"]
 
 
 def test_straggler_fixture_is_the_bright_row_of_the_lateness_heatmap():

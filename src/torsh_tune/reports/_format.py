@@ -35,6 +35,8 @@ PHASE_LABELS = {
     "exposed_comm": "exposed communication",
     "optimizer": "optimizer",
     "other": "other",
+    "evaluation": "evaluation",  # the breakdown figure's parts of "other" (figures.OTHER_PARTS)
+    "checkpoint": "checkpoint saves",
 }
 
 

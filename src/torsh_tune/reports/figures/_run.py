@@ -69,7 +69,11 @@ PHASE_COLORS = {
     "exposed_comm": "#D55E00",
     "optimizer": "#009E73",
     "other": "#999999",
+    "evaluation": "#CC79A7",
+    "checkpoint": "#F0E442",
 }
+#: What a step's "other" holds that the records name (host seconds), carved out of it in the breakdown figure.
+OTHER_PARTS = {"evaluation": "eval_s", "checkpoint": "checkpoint_s"}
 
 
 # -- step time and throughput ---------------------------------------------------------------
@@ -159,7 +163,9 @@ class BreakdownInfo:
     """Per-step phase times (mean across ranks, then mean per bucket), stacking to step time."""
 
     step: FloatTuple
-    phases_s: dict[str, FloatTuple]  # PHASES order
+    # PHASES order; before "other", the parts of it the records name (OTHER_PARTS: evaluation passes,
+    # checkpoint saves), only when the run has any
+    phases_s: dict[str, FloatTuple]
     warmup_end_step: int | None
     bucket_size: int
 
@@ -172,26 +178,37 @@ def get_breakdown_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINT
     """Phase times per step (mean across ranks), averaged per bucket so they still stack.
 
     The phases are `analysis.PHASES` as `analysis.phase_frame` splits them; they sum to
-    the mean step time across ranks.
+    the mean step time across ranks. A step's evaluation pass and checkpoint saves (rare, long:
+    the median breakdown leaves them in "other") are shown as phases of their own, out of "other".
     """
     steps = frames.steps
     if steps.empty:
         return BreakdownInfo(step=(), phases_s={p: () for p in PHASES}, warmup_end_step=None, bucket_size=1)
-    per_step = phase_frame(steps).groupby("step", sort=True)[list(PHASES)].mean()
+    frame = phase_frame(steps)
+    names = list(PHASES)
+    for part, col in OTHER_PARTS.items():
+        if col in steps:
+            spent = pd.to_numeric(steps[col], errors="coerce").fillna(0.0).clip(lower=0.0)
+            if (spent > 0).any():
+                frame[part] = np.minimum(spent, frame["other"])  # host seconds, at most what "other" holds
+                frame["other"] -= frame[part]
+                names.insert(names.index("other"), part)
+    per_step = frame.groupby("step", sort=True)[names].mean()
     n = len(per_step)
     size = max(1, math.ceil(n / max(1, max_points)))
     bucket = np.arange(n) // size
     means = per_step.groupby(bucket).mean()
     return BreakdownInfo(
         step=floats(per_step.index.to_numpy()[::size]),
-        phases_s={p: floats(means[p].to_numpy()) for p in PHASES},
+        phases_s={p: floats(means[p].to_numpy()) for p in names},
         warmup_end_step=_warmup_end(steps),
         bucket_size=size,
     )
 
 
 def plot_breakdown(info: BreakdownInfo) -> "go.Figure":
-    """Stacked phases per step (ms): data, forward, backward compute, exposed comm, optimizer, other."""
+    """Stacked phases per step (ms): data, forward, backward compute, exposed comm, optimizer, [evaluation,
+    checkpoint,] other."""
     import plotly.graph_objects as go
 
     fig = new_figure(FIGURE_TITLES["breakdown"])
