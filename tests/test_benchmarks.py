@@ -41,3 +41,9 @@ def test_trace_align_benchmark_reads_the_step_after_a_window_in_real_runs():
     out = _run("trace_align.py", "--runs", "1")
     assert out["benchmark"] == "trace_align" and out["current"]["n"] == 1 and out["current"]["median"] > 0
     assert all(v is not None and v >= 0 for v in out["current"]["end_align_s"][0].values())
+
+
+def test_module_hooks_benchmark_compares_the_three_arms():
+    out = _run("module_hooks.py", "--blocks", "3", "--forwards", "200")
+    assert out["benchmark"] == "module_hooks" and out["bare_us"] > 0
+    assert set(out["hooked_cost_us"]) == set(out["watched_cost_us"]) == {"median", "q1", "q3"}
