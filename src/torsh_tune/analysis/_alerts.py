@@ -10,7 +10,7 @@ a run's records after the fact (or over what a live run has written so far):
 | `low_cpu_utilization` | `cpu_pct` | system, per rank, runs without a GPU | below `alert_cpu_util_pct` |
 | `memory_pressure` | `memory_pct` | system: GPU memory per rank, or the ranks' RSS summed per host | above `alert_memory_pct` |
 | `communication_overhead` | `exposed_comm_pct` | steps: exposed comm / step time, mean across ranks | above `alert_comm_pct` |
-| `step_time_spike` | `step_time_ratio` | steps: slowest rank's step (less its evaluation pass and checkpoint saves) / median step | above `alert_step_spike_factor` |
+| `step_time_spike` | `step_time_ratio` | steps: slowest rank's step, less the slowest rank's evaluation pass and checkpoint saves in it, / median step | above `alert_step_spike_factor` |
 
 Each metric is a series of spans (a step from its start to its end; a system sample from
 the previous sample to itself); consecutive spans past the threshold form an interval, and
@@ -249,19 +249,23 @@ def _per_step(steps: pd.DataFrame) -> pd.DataFrame:
     step_s = steps["step_s"].to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         exposed = np.where(step_s > 0, 100.0 * steps["exposed_comm_s"].to_numpy(dtype=float) / step_s, np.nan)
-    # A step is a spike for what it trains: an evaluation pass or a checkpoint save in it is slow by design and
-    # a finding of its own (both host seconds; on the device clock the host's view of the same time).
-    for col in ("eval_s", "checkpoint_s"):
-        if col in steps:
-            step_s = np.maximum(step_s - pd.to_numeric(steps[col], errors="coerce").fillna(0.0).to_numpy(dtype=float), 0.0)
     if "comm_timed" in steps:  # a step whose DDP all-reduce went untimed: its exposure is unknown, not 0
         exposed = np.where(steps["comm_timed"].eq(False).to_numpy(), np.nan, exposed)
+    # A step is a spike for what it trains: an evaluation pass or a checkpoint save in it is slow by design and a
+    # finding of its own (host seconds; on the device clock the host's view of the same time). The ranks meet
+    # at the step's collectives, so the slowest rank's pass is what every rank waited out: the step less it.
+    aside = np.zeros(len(steps))
+    for col in ("eval_s", "checkpoint_s"):
+        if col in steps:
+            aside = aside + pd.to_numeric(steps[col], errors="coerce").fillna(0.0).to_numpy(dtype=float)
     df = pd.DataFrame({"step": steps["step"].to_numpy(), "t_start": steps["t_start"].to_numpy(dtype=float),
-                       "t_end": steps["t_end"].to_numpy(dtype=float), "step_s": step_s,
+                       "t_end": steps["t_end"].to_numpy(dtype=float), "step_s": step_s, "aside_s": aside,
                        "warmup": steps["warmup"].to_numpy(dtype=bool), "exposed_pct": exposed})
-    return df.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"),
-                                              step_s=("step_s", "max"), warmup=("warmup", "max"),
-                                              exposed_pct=("exposed_pct", "mean"))
+    out = df.groupby("step", sort=True).agg(t_start=("t_start", "min"), t_end=("t_end", "max"),
+                                             step_s=("step_s", "max"), aside_s=("aside_s", "max"),
+                                             warmup=("warmup", "max"), exposed_pct=("exposed_pct", "mean"))
+    out["step_s"] = (out["step_s"] - out.pop("aside_s")).clip(lower=0.0)
+    return out
 
 
 def _step_at(step_times: pd.DataFrame, t: float, *, start: bool) -> int | None:
