@@ -466,10 +466,11 @@ def test_the_trainers_evaluation_passes_are_their_own_time_not_training_nor_a_sp
     # The Trainer evaluates every 4 steps on 128 held-out samples (8 batches of 8 per rank), after the optimizer
     # step: in the step that follows. Its evaluation loop runs the unwrapped model (DDP's `module`), under
     # no_grad and in eval mode. Before evaluations were seen they were "other" of those steps and raised a
-    # step-time spike each; the DDP wrapper's probe never saw the forwards.
+    # step-time spike each; the DDP wrapper's probe never saw the forwards. A trace window holds step 8's pass:
+    # it is still counted (the window's steps are left out of the step statistics), and the trace agrees.
     pytest.importorskip("transformers")
     run = _profile(tmp_path, "hf_eval", "stack_hf_trainer.py", "--steps", "1000", "--eval-steps", "4",
-                   "--eval-samples", "128", steps=16)
+                   "--eval-samples", "128", extra=("--trace-window", "7:4"), steps=16)
     per_rank = _assert_steps_and_forward(run, 16)
     expected = {s for s in range(16 + WARMUP) if s and s % 4 == 0}
     for steps in per_rank:
@@ -489,6 +490,8 @@ def test_the_trainers_evaluation_passes_are_their_own_time_not_training_nor_a_sp
     (rec,) = [r for r in a.recommendations if r.title == "Evaluate less often, or on fewer batches"]
     assert "per_device_eval_batch_size" in rec.rationale and rec.expected_gain.high_pct == pytest.approx(ev["eval_pct"])
     assert not [al for al in a.alerts if al.kind == "step_time_spike" and al.start_step in expected], a.alerts
+    assert a.steps.traced_steps == 5  # the window's four and its warm-up step
+    _assert_self_check(run)
 
 
 @pytest.mark.parametrize("script", ["stack_hf_trainer.py", "stack_accelerate.py", "stack_lightning.py"])

@@ -75,8 +75,12 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     sysst = guarded("system analysis", lambda: system_stats(frames.system, frames.steps, meta=frames.meta,
                                                             warnings=warnings), None)
     waits = guarded("data-wait analysis", lambda: data_wait_by_rank(steps), {})
-    saves = guarded("checkpoint analysis", lambda: checkpoint_saves(steps), None)
-    passes = guarded("evaluation analysis", lambda: evaluation_passes(steps), None)
+    # Rare, long events (a save, an evaluation pass) are counted over every measured step, the trace windows'
+    # included: a window holding one would hide it and stretch the steps between the others.
+    rare = frames.steps[~frames.steps["warmup"].fillna(False).astype(bool)] if not frames.steps.empty else steps
+    rare = rare if not rare.empty else steps  # every step a warm-up step: `measured` kept them all
+    saves = guarded("checkpoint analysis", lambda: checkpoint_saves(rare), None)
+    passes = guarded("evaluation analysis", lambda: evaluation_passes(rare), None)
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 
