@@ -133,3 +133,19 @@ def test_two_ranks_share_the_gpu_over_gloo_with_cuda_tensors(tmp_path):
         assert len(steps) == STEPS and {s["clock"] for s in steps} == {"device"}
         comm = read_jsonl(run.rank_file(rank, "comm"))
         assert comm and {c["backend"] for c in comm} == {"gloo"}
+
+
+def test_an_evaluation_pass_on_the_device_clock_is_not_the_devices_data_time(tmp_path):
+    # The Trainer evaluating every 4 steps (8 batches of 8): on the device clock a step's data is what the device
+    # did before its first forward; an evaluation forward's start event ends it (else the pass read as data wait).
+    pytest.importorskip("transformers")
+    run = _profile(tmp_path, "hf_eval", SCRIPTS / "stack_hf_trainer.py", "--steps", "100000", "--eval-steps", "4",
+                   "--eval-samples", "64")
+    steps = [s for s in read_jsonl(run.rank_file(0, "steps")) if not s["warmup"]]
+    evaluated = [s for s in steps if s.get("eval_s")]
+    assert evaluated and {s["clock"] for s in steps} == {"device"}
+    for s in evaluated:
+        assert s["eval_batches"] == 8 and s["data_s"] < s["eval_s"], s
+    assert {s["samples"] for s in steps} == {8}
+    a = analyze_run(run.path)
+    assert [b for b in a.bottlenecks if "eval_pct" in b.evidence]
