@@ -432,8 +432,8 @@ class RankRuntime:
     # as the Trainer's, Lightning's and any validation loop do). A no-grad forward in train mode is part of
     # training (pseudo-labels, a rollout) and stays in the step's other. Probed here, and on the modules a
     # wrapper holds with the same parameters while they are in eval mode (DDP's `module`: the Trainer
-    # evaluates the unwrapped model); the outermost one is the pass's forward. Host clock (`StepRecord.eval_s`); on CUDA its start is also an
-    # event, so that the device's data time ends at the first forward of either kind.
+    # evaluates the unwrapped model); the outermost one is the pass's forward. Host clock (`StepRecord.eval_s`);
+    # on CUDA its start is also an event, so that the device's data time ends at the first forward of either kind.
     def watch_for_evaluation(self, module: Any, *, samples: bool = True) -> None:
         """Probe `module`'s evaluation forwards while it is in eval mode (`on_train_mode`). Its hooks come and go
         with the mode: a module with hooks takes nn.Module's slow call path (~3 us per training forward here)."""
