@@ -92,6 +92,21 @@ def test_a_rare_stall_is_left_out_of_the_rate():
     assert running_throughput(frame, num_ranks=1).iloc[-1] == pytest.approx(throughput_of(frame).samples_s)
 
 
+@pytest.mark.parametrize("column", ["eval_s", "checkpoint_s"])
+def test_a_rare_evaluation_or_save_is_the_workloads_time_not_a_stall(column):
+    # One step of 16 holds an evaluation pass (a save): as long as the stall above, and as rare; it is the job's.
+    steps = [30.0] * 15 + [400.0]
+    frame = _series(steps).assign(**{column: [None] * 15 + [0.37]})
+    tp = throughput_of(frame)
+    assert tp.stalls == 0 and tp.samples_s == pytest.approx(16 * 8 / (sum(steps) / 1000))
+    assert running_throughput(frame, num_ranks=1).iloc[-1] == pytest.approx(tp.samples_s)
+    # ... and the report's throughput says the same.
+    from torsh_tune.analysis import step_stats
+
+    st = step_stats(frame.assign(clock="host"))
+    assert st.stall_steps == 0 and st.throughput_samples_s == pytest.approx(tp.samples_s)
+
+
 def test_the_steps_a_trace_window_slowed_are_not_the_objective():
     # A window over steps 8-11 (its profiler warmed up in step 7): those steps 1.5x the others' 30 ms.
     frame = _series([30.0] * 7 + [45.0] * 5 + [30.0] * 8).assign(trace=[None] * 7 + ["warmup"] + ["recorded"] * 4

@@ -7,8 +7,8 @@ import pandas as pd
 
 from ._types import PHASES, Breakdown, StepStats
 
-__all__ = ["MIN_UNTRACED_STEPS", "STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "steady_rate",
-           "step_stats", "traced_left_out", "untraced"]
+__all__ = ["MIN_UNTRACED_STEPS", "STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "planned_steps",
+           "steady_rate", "step_stats", "traced_left_out", "untraced"]
 
 
 #: A stall is at most this share of the measured steps (more steps that long are the workload's pattern).
@@ -18,13 +18,15 @@ STALL_SHARE = 0.1
 MIN_UNTRACED_STEPS = 5
 
 
-def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
+def steady_rate(samples: np.ndarray, step_s: np.ndarray, planned: np.ndarray | None = None) -> tuple[float, int]:
     """(samples per second over the steps, steps left out as stalls).
 
     A stall: a step longer than Tukey's far-out fence (q3 + 3 IQR of the step times) and twice
     their median, and only while such steps are at most `STALL_SHARE` of all (at least one may
     be): a host hiccup, not the workload. Steps that long more often are a pattern of the
-    workload (every N-th batch of N DataLoader workers, a periodic evaluation) and count.
+    workload (every N-th batch of N DataLoader workers) and count. A step `planned` slow (it holds an
+    evaluation pass or a checkpoint save: `planned_steps`) is the workload's however rare, never a stall:
+    else one evaluation in a short window was left out of the rate and four were not.
     """
     samples = np.asarray(samples, dtype=float)
     step_s = np.asarray(step_s, dtype=float)
@@ -32,10 +34,21 @@ def steady_rate(samples: np.ndarray, step_s: np.ndarray) -> tuple[float, int]:
         return float("nan"), 0
     q1, med, q3 = np.quantile(step_s, [0.25, 0.5, 0.75])
     stall = step_s > max(q3 + 3.0 * (q3 - q1), 2.0 * med)
+    if planned is not None:
+        stall &= ~np.asarray(planned, dtype=bool)
     n = int(stall.sum())
     if n > max(1, int(STALL_SHARE * step_s.size)) or n == step_s.size:
         stall[:], n = False, 0
     return float(samples[~stall].sum() / step_s[~stall].sum()), n
+
+
+def planned_steps(steps: pd.DataFrame) -> pd.Series:
+    """Step -> whether a rank's record of it holds an evaluation pass or a checkpoint save (slow by design)."""
+    planned = pd.Series(False, index=steps.index)
+    for col in ("eval_s", "checkpoint_s"):
+        if col in steps:
+            planned |= pd.to_numeric(steps[col], errors="coerce").fillna(0.0) > 0
+    return planned.groupby(steps["step"]).any()
 
 
 def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
@@ -130,8 +143,9 @@ def step_stats(steps: pd.DataFrame) -> StepStats | None:
     samples_per_step = float(samples.median())
     # The rate, not samples / median step: the median of a periodic series (workers handing over
     # batches in turn) lands anywhere between its values (`steady_rate`).
-    samples_s, stalls = steady_rate(samples.to_numpy(), global_s.to_numpy())
-    steps_s, _ = steady_rate(np.ones(len(global_s)), global_s.to_numpy())
+    planned = planned_steps(steps).reindex(global_s.index, fill_value=False).to_numpy()
+    samples_s, stalls = steady_rate(samples.to_numpy(), global_s.to_numpy(), planned)
+    steps_s, _ = steady_rate(np.ones(len(global_s)), global_s.to_numpy(), planned)
     clocks = set(steps["clock"].dropna().astype(str)) if "clock" in steps else set()
     known = samples_per_step > 0
     note = None if known else (

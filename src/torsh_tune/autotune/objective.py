@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis import load_run, steady_rate, untraced
+from ..analysis import load_run, planned_steps, steady_rate, untraced
 from ..rundir import RunDir
 
 __all__ = [
@@ -135,8 +135,10 @@ def per_step_throughput(steps: pd.DataFrame, *, num_ranks: int | None = None, un
 
 
 def _per_step(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | None = None) -> pd.DataFrame:
-    """Measured step -> (global samples or tokens, the slowest rank's step_s), in step order."""
-    empty = pd.DataFrame({"samples": pd.Series(dtype=float), "step_s": pd.Series(dtype=float)})
+    """Measured step -> (global samples or tokens, the slowest rank's step_s, whether it is `planned` slow: an
+    evaluation pass or a checkpoint save), in step order."""
+    empty = pd.DataFrame({"samples": pd.Series(dtype=float), "step_s": pd.Series(dtype=float),
+                          "planned": pd.Series(dtype=bool)})
     if steps.empty:
         return empty
     kept, _ = untraced(steps[~steps["warmup"].fillna(False).astype(bool)])  # the report's steps
@@ -153,7 +155,8 @@ def _per_step(steps: pd.DataFrame, *, num_ranks: int | None = None, unit: str | 
     if num_ranks is not None:
         ranks = by_step["rank"].nunique() if "rank" in kept.columns else by_step.size()
         ok &= ranks >= num_ranks
-    return pd.DataFrame({"samples": samples[ok], "step_s": step_s[ok]}).sort_index()
+    planned = planned_steps(kept).reindex(step_s.index, fill_value=False)
+    return pd.DataFrame({"samples": samples[ok], "step_s": step_s[ok], "planned": planned[ok]}).sort_index()
 
 
 def running_throughput(steps: pd.DataFrame, *, num_ranks: int, unit: str | None = None) -> pd.Series:
@@ -166,8 +169,9 @@ def running_throughput(steps: pd.DataFrame, *, num_ranks: int, unit: str | None 
     `unit` as in `per_step_throughput` (a study passes its baseline's).
     """
     per_step = _per_step(steps, num_ranks=num_ranks, unit=unit)
-    samples, step_s = per_step["samples"].to_numpy(), per_step["step_s"].to_numpy()
-    return pd.Series([steady_rate(samples[: i + 1], step_s[: i + 1])[0] for i in range(len(step_s))], dtype=float)
+    samples, step_s, planned = (per_step[c].to_numpy() for c in ("samples", "step_s", "planned"))
+    return pd.Series([steady_rate(samples[: i + 1], step_s[: i + 1], planned[: i + 1])[0] for i in range(len(step_s))],
+                     dtype=float)
 
 
 def throughput_of(steps: pd.DataFrame) -> Throughput | None:
@@ -183,7 +187,7 @@ def throughput_of(steps: pd.DataFrame) -> Throughput | None:
         return None
     per_step = (frame["samples"] / frame["step_s"]).to_numpy()
     q25, med, q75 = np.quantile(per_step, [0.25, 0.5, 0.75])
-    rate, stalls = steady_rate(frame["samples"].to_numpy(), frame["step_s"].to_numpy())
+    rate, stalls = steady_rate(frame["samples"].to_numpy(), frame["step_s"].to_numpy(), frame["planned"].to_numpy())
     return Throughput(
         samples_s=rate,
         stalls=stalls,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..analysis import PHASES, RunAnalysis, RunFrames, find_alerts, run_thresholds, steady_rate, untraced
+from ..analysis import (PHASES, RunAnalysis, RunFrames, find_alerts, planned_steps, run_thresholds, steady_rate,
+                        untraced)
 from ..reports import TuningInfo
 from ..reports.figures import (
     DEFAULT_MAX_POINTS,
@@ -81,7 +82,9 @@ def get_kpis(frames: RunFrames) -> Kpis:
     samples = float(g["samples"].sum(min_count=1).median())
     # The report's rate (`steady_rate`), in steps; samples per step as their median (a step some ranks
     # have not finished yet counts fewer samples).
-    steps_s = steady_rate(np.ones(len(per_step)), per_step.to_numpy(dtype=float))[0] if len(per_step) else math.nan
+    planned = planned_steps(base).reindex(per_step.index, fill_value=False).to_numpy()
+    steps_s = (steady_rate(np.ones(len(per_step)), per_step.to_numpy(dtype=float), planned)[0] if len(per_step)
+               else math.nan)
     t_end = float(steps["t_end"].max())
     return Kpis(
         status=status,
