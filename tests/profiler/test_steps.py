@@ -159,6 +159,18 @@ def test_an_evaluation_pass_is_its_own_time_and_its_batches_are_not_data_wait_no
         assert_record_schema(record, "steps")
 
 
+def test_an_evaluation_around_a_closure_optimizer_leaves_out_its_time_once(run, writer):
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.on_eval(10.0, 10.25, 2)
+    tracker.on_forward(10.5, 10.75, 4)  # the closure's forward and backward, inside optimizer.step(closure)
+    tracker.on_backward(10.75, 11.0, None)
+    tracker.on_optimizer(10.25, 11.25)
+    tracker.on_eval(11.25, 11.5, 2)
+    tracker.end_step(11.5)
+    (step,) = _lines(run, writer, "steps")
+    assert (step["eval_s"], step["eval_batches"]) == (0.5, 2)  # 10-11.5 less the optimizer's 10.25-11.25, once
+
+
 def test_an_evaluation_pass_before_the_first_step_is_no_steps(run, writer):
     tracker = _tracker(writer, warmup_steps=0)
     tracker.on_eval(9.0, 9.5, 16)  # a sanity check before training: the tracker is idle

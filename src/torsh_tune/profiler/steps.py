@@ -554,7 +554,8 @@ def _evaluation(passes: list[tuple[float, float, int, Any]], trained: list[tuple
     """A step's evaluation (host clock): from the first batch fetched for it to the end of its last forward,
     less the training spans (`trained`) that ran in between; its forwards and their samples."""
     lo, hi = min(p[0] for p in passes), max(p[1] for p in passes)
-    training = sum(min(t1, hi) - max(t0, lo) for t0, t1 in trained if t1 > lo and t0 < hi)
+    # A union: an optimizer step holds the forward and backward of its closure (Lightning's).
+    training = _union([(max(t0, lo), min(t1, hi)) for t0, t1 in trained if t1 > lo and t0 < hi])
     samples = [p[2] for p in passes if p[2] >= 0]
     return {"eval_s": max(0.0, hi - lo - training), "eval_batches": len(samples), "eval_samples": sum(samples)}
 
