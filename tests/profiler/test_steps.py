@@ -161,6 +161,7 @@ def test_an_evaluation_pass_is_its_own_time_and_its_batches_are_not_data_wait_no
 
 def test_an_evaluation_around_a_closure_optimizer_leaves_out_its_time_once(run, writer):
     tracker = _tracker(writer, warmup_steps=0)
+    tracker.mark_activity(9.5)  # the run's first phase (a fetch, say): the tracker is no longer idle
     tracker.on_eval(10.0, 10.25, 2)
     tracker.on_forward(10.5, 10.75, 4)  # the closure's forward and backward, inside optimizer.step(closure)
     tracker.on_backward(10.75, 11.0, None)
