@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 __all__ = [
     "CommRecord",
     "PHASE_ANNOTATION_PREFIX",
+    "PLANNED_FIELDS",
     "RECORD_KINDS",
     "StepRecord",
     "SystemRecord",
@@ -85,6 +86,11 @@ class StepRecord:
     # (the step the window's profiler started in, before recording). Absent: no window. The analysis leaves
     # these steps out of the step statistics where enough others remain (`analysis.measured`).
     trace: str | None = None
+
+
+#: StepRecord fields of host seconds a step spends slow by design, rare and long (phase name -> field): the
+#: median step never shows them, they are findings of their own, never a stall or a spike.
+PLANNED_FIELDS = {"evaluation": "eval_s", "checkpoint": "checkpoint_s"}
 
 
 #: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue

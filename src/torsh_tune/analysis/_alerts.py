@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ThresholdsConfig
+from ..records import PLANNED_FIELDS
 from ._load import RunFrames
 
 __all__ = ["ALERT_KINDS", "ALERT_SEVERITIES", "Alert", "find_alerts"]
@@ -255,7 +256,7 @@ def _per_step(steps: pd.DataFrame) -> pd.DataFrame:
     # finding of its own (host seconds; on the device clock the host's view of the same time). The ranks meet
     # at the step's collectives, so the slowest rank's pass is what every rank waited out: the step less it.
     aside = np.zeros(len(steps))
-    for col in ("eval_s", "checkpoint_s"):
+    for col in PLANNED_FIELDS.values():
         if col in steps:
             aside = aside + pd.to_numeric(steps[col], errors="coerce").fillna(0.0).to_numpy(dtype=float)
     df = pd.DataFrame({"step": steps["step"].to_numpy(), "t_start": steps["t_start"].to_numpy(dtype=float),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..records import PLANNED_FIELDS
 from ._types import PHASES, Breakdown, StepStats
 
 __all__ = ["MIN_UNTRACED_STEPS", "STALL_SHARE", "breakdown", "comm_timed", "measured", "phase_frame", "planned_steps",
@@ -45,7 +46,7 @@ def steady_rate(samples: np.ndarray, step_s: np.ndarray, planned: np.ndarray | N
 def planned_steps(steps: pd.DataFrame) -> pd.Series:
     """Step -> whether a rank's record of it holds an evaluation pass or a checkpoint save (slow by design)."""
     planned = pd.Series(False, index=steps.index)
-    for col in ("eval_s", "checkpoint_s"):
+    for col in PLANNED_FIELDS.values():
         if col in steps:
             planned |= pd.to_numeric(steps[col], errors="coerce").fillna(0.0) > 0
     return planned.groupby(steps["step"]).any()

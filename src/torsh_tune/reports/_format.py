@@ -35,7 +35,7 @@ PHASE_LABELS = {
     "exposed_comm": "exposed communication",
     "optimizer": "optimizer",
     "other": "other",
-    "evaluation": "evaluation",  # the breakdown figure's parts of "other" (figures.OTHER_PARTS)
+    "evaluation": "evaluation",  # the breakdown figure's parts of "other" (records.PLANNED_FIELDS)
     "checkpoint": "checkpoint saves",
 }
 

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis import PHASES, RunFrames, comm_timed, phase_frame
+from ...records import PLANNED_FIELDS
 from .._format import PHASE_LABELS
 from ._common import DEFAULT_MAX_POINTS, FloatTuple, downsample, floats, new_figure, no_data, styled
 
@@ -72,8 +73,6 @@ PHASE_COLORS = {
     "evaluation": "#CC79A7",
     "checkpoint": "#F0E442",
 }
-#: What a step's "other" holds that the records name (host seconds), carved out of it in the breakdown figure.
-OTHER_PARTS = {"evaluation": "eval_s", "checkpoint": "checkpoint_s"}
 
 
 # -- step time and throughput ---------------------------------------------------------------
@@ -163,8 +162,8 @@ class BreakdownInfo:
     """Per-step phase times (mean across ranks, then mean per bucket), stacking to step time."""
 
     step: FloatTuple
-    # PHASES order; before "other", the parts of it the records name (OTHER_PARTS: evaluation passes,
-    # checkpoint saves), only when the run has any
+    # PHASES order; before "other", the parts of it the records name (`records.PLANNED_FIELDS`: evaluation
+    # passes, checkpoint saves), only when the run has any
     phases_s: dict[str, FloatTuple]
     warmup_end_step: int | None
     bucket_size: int
@@ -186,7 +185,7 @@ def get_breakdown_info(frames: RunFrames, *, max_points: int = DEFAULT_MAX_POINT
         return BreakdownInfo(step=(), phases_s={p: () for p in PHASES}, warmup_end_step=None, bucket_size=1)
     frame = phase_frame(steps)
     names = list(PHASES)
-    for part, col in OTHER_PARTS.items():
+    for part, col in PLANNED_FIELDS.items():
         if col in steps:
             spent = pd.to_numeric(steps[col], errors="coerce").fillna(0.0).clip(lower=0.0)
             if (spent > 0).any():
