@@ -201,3 +201,62 @@ def test_ddps_gradients_are_the_ranks_average_under_the_profilers_per_bucket_hoo
         for records in per_step.values():
             assert sum(c["bytes"] for c in records) == sum(c["grad_bytes"] for c in records) == param_bytes
             assert all(c["t_issue"] <= c["t_complete"] and c["clock"] == "host" for c in records)
+
+
+_FOREVER = '''
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+with open(os.path.join(sys.argv[1], f"pid{dist.get_rank()}"), "w") as f:
+    f.write(str(os.getpid()))
+t = torch.ones(4)
+while True:  # the two ranks keep each other going: only a signal ends them
+    dist.all_reduce(t)
+    time.sleep(0.05)
+'''
+
+
+def test_the_ranks_die_with_their_killed_torchrun_agent(tmp_path):
+    """torchrun SIGKILLed (as a fan-out's grace period or the OOM killer does) leaves no rank running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    script = tmp_path / "forever.py"
+    script.write_text(_FOREVER)
+    env = dict(os.environ, TORSH_TUNE_RUN_DIR=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                              "-m", "torsh_tune.runtime.bootstrap", str(script), str(tmp_path)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while len(pids) < 2 and time.monotonic() < deadline and agent.poll() is None:
+            pids = [int(p.read_text()) for p in tmp_path.glob("pid*") if p.read_text()]
+            time.sleep(0.1)
+        assert len(pids) == 2, "the ranks never started"
+        agent.kill()
+        agent.wait()
+
+        def alive(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return False
+
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in pids), "ranks outlived their agent"
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if agent.poll() is None:
+            agent.kill()

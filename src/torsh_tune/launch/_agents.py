@@ -65,11 +65,13 @@ def _exit_status(code: int) -> int:
 
 def _run_agents(prefix: str, nodes: int, cmd: Sequence[str], *, grace_s: float = 10.0) -> int:
     procs: list[subprocess.Popen[bytes]] = []
+    told: set[int] = set()  # agents already sent a stop: a second SIGTERM would cut torchrun's own shutdown short
 
     def forward(signum: int, frame: FrameType | None) -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
+                told.add(p.pid)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
@@ -85,8 +87,9 @@ def _run_agents(prefix: str, nodes: int, cmd: Sequence[str], *, grace_s: float =
                 status = _exit_status(code)
                 # A failed node: the others would wait for it (rendezvous, collectives) until their timeouts.
                 for q in procs:
-                    if q.poll() is None:
+                    if q.poll() is None and q.pid not in told:
                         q.send_signal(signal.SIGTERM)
+                        told.add(q.pid)
                 stop_at = time.monotonic() + grace_s
         if stop_at is not None and time.monotonic() > stop_at:
             for q in procs:

@@ -4,7 +4,8 @@ torchrun starts this module in each worker. It reads the run's config (the only 
 variables that carry it are TORSH_TUNE_RUN_DIR and TORSH_TUNE_CONFIG), installs the probes
 and patches, runs the unmodified script with `runpy` as `__main__`, and ends the rank
 cleanly: at the step budget every rank meets at a barrier and the process group is
-destroyed; on an exception the rank's exit record says what happened.
+destroyed; on an exception the rank's exit record says what happened. A rank dies with its
+torchrun agent: no orphan keeps running after a killed launcher.
 """
 
 from __future__ import annotations
@@ -50,7 +51,31 @@ def _config_error(rt: "RankRuntime", exc: ConfigError, *, launched: bool) -> int
     return 2
 
 
+def _die_with_the_agent() -> None:
+    """Under torchrun, have the kernel SIGKILL this rank when its agent dies (Linux, PR_SET_PDEATHSIG).
+
+    torchrun stops its workers itself on SIGTERM, but an agent killed before it has (SIGKILL, the
+    OOM killer, a fan-out's grace period running out while it waits for a slow rank) leaves its
+    ranks orphaned in their collectives: they ran on for minutes after a killed bench. SIGKILL, not
+    SIGTERM: nobody is left to escalate, and a script's own SIGTERM handler (Lightning has one)
+    must not keep it alive. torchrun starts its workers from its main thread, the thread the
+    signal follows.
+    """
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the agent died before prctl took effect: this rank is already an orphan
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _die_with_the_agent()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("torsh-tune bootstrap: usage: python -m torsh_tune.runtime.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
