@@ -165,6 +165,7 @@ class SystemRecord:
     nvlink_rx_bytes_per_s: float | None = None
     cpu_cores: int | None = None  # cores this process may run on (its affinity mask)
     idle_cores: float | None = None  # how many of those were idle since the previous sample
+    t_since: float | None = None  # Unix s: the CPU numbers are averages over (t_since, t], since the previous sample
 
 
 RECORD_KINDS: dict[str, type] = {"steps": StepRecord, "comm": CommRecord, "system": SystemRecord}

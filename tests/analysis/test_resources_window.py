@@ -1,4 +1,4 @@
-"""System statistics count only the samples inside the measured steps of each rank."""
+"""System statistics count only the samples covering the measured steps of each rank, by the time they cover."""
 
 from __future__ import annotations
 
@@ -86,12 +86,50 @@ def test_all_warmup_run_uses_the_warmup_steps_and_says_so():
     assert any("warm-up" in w for w in warnings)
 
 
-def test_no_sample_inside_the_window_falls_back_and_says_so():
+def test_no_sample_covering_the_window_falls_back_and_says_so():
     _, steps = _run()
-    system = _system([dict(rank=0, t=1.0, gpu_util_pct=10.0), dict(rank=0, t=30.0, gpu_util_pct=30.0)])
+    # Both samples cover time before rank 0's window (12-20 s) only.
+    system = _system([dict(rank=0, t=1.0, gpu_util_pct=10.0), dict(rank=0, t=5.0, gpu_util_pct=30.0)])
     warnings: list[str] = []
     assert system_stats(system, steps, warnings=warnings).gpu_util_pct_mean == pytest.approx(20.0)
     assert len(warnings) == 1 and "none of the 2 samples" in warnings[0]
+
+
+def test_a_sample_spanning_the_whole_window_is_its_measurement():
+    """Without `t_since` a sample covers the time since the rank's previous one: the one at 30 s
+    covers 1-30 s, the whole window, and is its measurement (not a fallback to every sample)."""
+    _, steps = _run()
+    system = _system([dict(rank=0, t=1.0, gpu_util_pct=10.0), dict(rank=0, t=30.0, gpu_util_pct=30.0)])
+    warnings: list[str] = []
+    assert system_stats(system, steps, warnings=warnings).gpu_util_pct_mean == pytest.approx(30.0)
+    assert warnings == []
+
+
+def _steps_of(window: tuple[float, float]) -> pd.DataFrame:
+    return _steps(0, [(window[0] - 0.1, window[0]), window], warmup_steps=1)
+
+
+def test_a_window_shorter_than_the_interval_uses_the_sample_that_covers_it_not_start_up():
+    """A 6-step run of ~50 ms steps: 0.3 s of window, samples every second. Before, no sample fell
+    inside, every sample counted, and start-up's 100 % CPU said the cores were saturated."""
+    steps = _steps_of((12.0, 12.3))
+    system = _system([dict(rank=0, t=11.5, t_since=10.5, cpu_pct=100.0, idle_cores=0.0, cpu_cores=2),
+                      dict(rank=0, t=12.5, t_since=11.5, cpu_pct=40.0, idle_cores=1.2, cpu_cores=2)])
+    warnings: list[str] = []
+    stats = system_stats(system, steps, meta={0: {"hostname": "a"}}, warnings=warnings)
+    assert stats.cpu_pct_mean == pytest.approx(40.0) and stats.idle_cores_per_rank == pytest.approx(1.2)
+    assert warnings == []
+
+
+def test_each_sample_weighs_the_seconds_of_the_window_it_covers():
+    """The runtime samples as the window opens: that sample covers start-up, and weighs 0.01 s."""
+    steps = _steps_of((12.0, 20.0))
+    system = _system([dict(rank=0, t=12.01, t_since=0.0, cpu_pct=100.0, idle_cores=0.0, cpu_cores=2),
+                      dict(rank=0, t=20.02, t_since=12.01, cpu_pct=40.0, idle_cores=1.0, cpu_cores=2),
+                      dict(rank=0, t=21.0, t_since=20.02, cpu_pct=5.0, idle_cores=2.0, cpu_cores=2)])
+    stats = system_stats(system, steps, meta={0: {"hostname": "a"}})
+    assert stats.cpu_pct_mean == pytest.approx((100.0 * 0.01 + 40.0 * 7.99) / 8.0)
+    assert stats.idle_cores_per_rank == pytest.approx(1.0 * 7.99 / 8.0, abs=1e-3)
 
 
 def test_rank_without_steps_is_left_out_and_named():

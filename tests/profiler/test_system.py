@@ -148,6 +148,23 @@ def test_a_failing_emit_leaves_a_trace_and_the_thread_goes_on():
     assert notes == ["emit: OSError: disk full", "failures in all: emit 2 times"]
 
 
+def test_mark_samples_at_once_and_stop_takes_a_last_sample_intervals_end_to_end():
+    calls: list[dict] = []
+    sampler = SystemSampler(0, calls.append, interval_s=60.0)  # no periodic sample in this test
+    sampler.start()
+    try:
+        sampler.mark()
+        deadline = time.monotonic() + 10.0
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) == 1, "mark() took no sample"
+    finally:
+        sampler.stop()
+    assert len(calls) == 2  # the last one, at stop()
+    first, last = calls
+    assert first["t_since"] < first["t"] == last["t_since"] < last["t"]  # each covers since the one before
+
+
 def test_a_failing_note_and_a_failing_sample_are_kept():
     def broken_note(message):
         raise RuntimeError("meta.json not writable")

@@ -54,6 +54,10 @@ def test_budget_stops_every_rank_at_the_same_step_and_records_match_schema(tmp_p
         assert "avg_backward_comm_time" in meta["ddp_logging"]
         ex = _exit(run, rank)
         assert ex["status"] == "budget" and ex["steps_done"] == 10
+        # The sampler samples at the measured window's edges: one sample covers exactly its steps.
+        system = read_jsonl(run.rank_file(rank, "system"))
+        t0, t1 = steps[2]["t_start"], steps[-1]["t_end"]
+        assert any(abs(r["t_since"] - t0) < 0.2 and abs(r["t"] - t1) < 0.2 for r in system), (t0, t1, system)
 
 
 def test_custom_comm_hook_is_wrapped_and_still_runs(tmp_path):

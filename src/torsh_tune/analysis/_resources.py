@@ -183,11 +183,12 @@ def system_stats(
     meta: dict[int, dict[str, Any]] | None = None,
     warnings: list[str] | None = None,
 ) -> SystemStats | None:
-    """Means of the system sampler's records inside the measured window.
+    """Means of the system sampler's records over the measured window, weighted by time.
 
     The window of a rank runs from the `t_start` of its first measured (non-warm-up) step
     to the `t_end` of its last step, so start-up (imports, NCCL init, compile) and teardown
-    do not dilute the utilisation. Only samples of ranks with step records count.
+    do not dilute the utilisation. Each sample weighs the seconds of the window its interval
+    (`t_since`, `t`] covers (`_in_measured_window`). Only samples of ranks with step records count.
 
     `gpu_util_pct_mean` carries `GPU_UTIL_CAVEAT`: NVML counts a kernel waiting in a
     collective as busy, so a communication-bound run can look compute-busy.
@@ -204,11 +205,12 @@ def system_stats(
 
     Example:
         >>> import pandas as pd
-        >>> system = pd.DataFrame({"rank": [0, 0, 0], "t": [0.0, 5.0, 9.0], "cpu_pct": [0.0, 80.0, 0.0]})
+        >>> system = pd.DataFrame({"rank": [0, 0, 0], "t": [0.0, 5.0, 9.0], "t_since": [-4.0, 0.0, 5.0],
+        ...                        "cpu_pct": [0.0, 80.0, 20.0]})
         >>> steps = pd.DataFrame({"rank": [0, 0], "step": [0, 1], "t_start": [2.0, 4.0],
         ...                       "t_end": [4.0, 6.0], "warmup": [True, False]})
-        >>> system_stats(system, steps).cpu_pct_mean
-        80.0
+        >>> system_stats(system, steps).cpu_pct_mean  # (4, 5] at 80 %, (5, 6] at 20 %
+        50.0
     """
     if system.empty:
         return None
@@ -217,11 +219,12 @@ def system_stats(
     if warnings is not None:
         warnings.extend(notes)
 
-    def mean(col: str) -> float | None:
+    def mean(col: str) -> float | None:  # over the window's time: each sample weighs the seconds it covers
         if col not in inside.columns:
             return None
-        v = pd.to_numeric(inside[col], errors="coerce").dropna()
-        return float(v.mean()) if len(v) else None
+        v = pd.to_numeric(inside[col], errors="coerce")
+        w = inside["weight"][v.notna()]
+        return float((v[v.notna()] * w).sum() / w.sum()) if len(w) and w.sum() > 0 else None
 
     idle = idle_cores(inside, meta or {})
     return SystemStats(
@@ -258,7 +261,8 @@ def idle_cores(system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> IdleCor
     with the fewest idle cores per rank counts.
 
     Args:
-        system: system records (those of the measured window).
+        system: system records (those of the measured window; a `weight` column, the seconds each
+            covers, weighs their mean).
         meta: rank -> meta.json.
 
     Returns:
@@ -272,13 +276,17 @@ def idle_cores(system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> IdleCor
     """
     if system.empty or not {"cpu_cores", "idle_cores"} <= set(system.columns):
         return None
+    weight = system["weight"] if "weight" in system.columns else 1.0  # seconds each sample covers
     df = pd.DataFrame({"rank": system["rank"],
                        "cores": pd.to_numeric(system["cpu_cores"], errors="coerce"),
-                       "idle": pd.to_numeric(system["idle_cores"], errors="coerce")}).dropna()
-    df = df[df["cores"] > 0]
+                       "idle": pd.to_numeric(system["idle_cores"], errors="coerce"),
+                       "weight": weight}).dropna()
+    df = df[(df["cores"] > 0) & (df["weight"] > 0)]
     if df.empty:
         return None
-    per_rank = df.groupby("rank").agg(cores=("cores", "median"), idle=("idle", "mean"))
+    per_rank = df.assign(weighted=df["idle"] * df["weight"]).groupby("rank").agg(
+        cores=("cores", "median"), weighted=("weighted", "sum"), weight=("weight", "sum"))
+    per_rank["idle"] = per_rank["weighted"] / per_rank["weight"]
     groups: dict[tuple[str, int], list[tuple[int, float]]] = {}
     for rank, row in per_rank.iterrows():
         host = str(meta.get(int(rank), {}).get("hostname", "localhost"))
@@ -321,27 +329,47 @@ def measured_windows(steps: pd.DataFrame | None) -> tuple[dict[int, tuple[float,
 
 
 def _in_measured_window(system: pd.DataFrame, steps: pd.DataFrame | None, notes: list[str]) -> pd.DataFrame:
+    """The samples covering each rank's measured window, with a `weight` column: the seconds of
+    the window each covers.
+
+    A sample's CPU numbers are averages over (`t_since`, `t`]; its weight is that interval's
+    overlap with the window, so a sample mostly over start-up (one taken as the window opens)
+    weighs almost nothing, and a window shorter than the sampling interval still has the sample
+    that covers it. Records without `t_since` (older runs) cover the time since the rank's previous
+    sample, the first one a median spacing.
+    """
     windows, only_warmup = measured_windows(steps)
     if not windows:
         notes.append("system statistics use every system sample (start-up and teardown included): "
                      "no step records give a measured window")
-        return system
+        return system.assign(weight=1.0)
     t = pd.to_numeric(system["t"], errors="coerce")
-    keep = pd.Series(False, index=system.index)
+    since = (pd.to_numeric(system["t_since"], errors="coerce") if "t_since" in system.columns
+             else pd.Series(float("nan"), index=system.index))
+    weight = pd.Series(0.0, index=system.index)
     for rank, (t0, t1) in windows.items():
-        keep |= (system["rank"] == rank) & (t >= t0) & (t <= t1)
+        mine = (system["rank"] == rank) & t.notna()
+        if not mine.any():
+            continue
+        ts = t[mine].sort_values()
+        spacing = float(ts.diff().median()) if len(ts) > 1 else 0.0
+        start = since[ts.index].fillna(ts.shift(1)).fillna(ts - spacing)
+        overlap = (ts.clip(upper=t1) - start.clip(lower=t0)).clip(lower=0.0)
+        point = (start >= ts) & (ts >= t0) & (ts <= t1)  # a lone sample of unknown span inside the window
+        weight[ts.index] = overlap.where(~point, 1e-3)
+    keep = weight > 0
     if not keep.any():
         notes.append(f"system statistics use every system sample (start-up and teardown included): "
-                     f"none of the {len(system)} samples fall inside the measured steps "
+                     f"none of the {len(system)} samples covers the measured steps "
                      f"(a run shorter than profiler.system_interval_s?)")
-        return system
+        return system.assign(weight=1.0)
     if only_warmup:
         notes.append("system statistics cover the warm-up steps: every step record is a warm-up step")
     outside = sorted(set(system["rank"].dropna().astype(int)) - set(windows))
     if outside:
         notes.append(f"system samples of rank(s) {outside} left out of system statistics: "
                      "no measured step records on them")
-    return system[keep]
+    return system[keep].assign(weight=weight[keep])
 
 
 def _col_max_by_rank(df: pd.DataFrame, col: str) -> dict[int, int]:

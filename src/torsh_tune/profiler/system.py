@@ -78,6 +78,11 @@ class SystemSampler:
     NVLink throughput (`nvlink_tx_bytes_per_s`, `nvlink_rx_bytes_per_s`) is recorded only
     on a GPU whose driver reports NVLink counters, from the second sample on;
     `nvlink_status` says which case this is.
+
+    Every record's CPU numbers are averages over (`t_since`, `t`]: since the previous sample
+    (or `start()`). Besides the periodic samples, `mark()` takes one now (the runtime marks the
+    measured window's first and last step, so that a window shorter than the interval is still
+    measured, not taken from start-up's samples) and `stop()` takes a last one.
     """
 
     def __init__(self, rank: int, emit: Callable[[dict[str, Any]], None], *, interval_s: float, nvml_handle: Any = None,
@@ -92,6 +97,8 @@ class SystemSampler:
         self._usable = usable_cores()
         self._nvlink = _NvlinkCounters(nvml_handle, self._error) if nvml_handle is not None else None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # mark(): sample now
+        self._since = now()  # start of the interval the next sample's CPU numbers cover
         self._proc = psutil.Process()
         self._children: dict[int, psutil.Process] = {}
         self._mem_total = psutil.virtual_memory().total
@@ -128,11 +135,18 @@ class SystemSampler:
             psutil.cpu_percent(None, percpu=True)
         except Exception as exc:  # noqa: BLE001 - the first sample then covers the time since import
             self._error("start", exc)
+        self._since = now()
         self._thread.start()
 
+    def mark(self) -> None:
+        """Take a sample now (on the sampler's thread: the caller does not wait for it)."""
+        self._wake.set()
+
     def stop(self) -> None:
-        """Stop the thread and pass on what failed more than once, and a thread that would not stop."""
+        """Take a last sample, stop the thread, and pass on what failed more than once, and a thread
+        that would not stop."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=_STOP_TIMEOUT_S)
         if self._thread.is_alive():
@@ -164,16 +178,20 @@ class SystemSampler:
                 self._errors.append(f"on_error: {type(exc).__name__}: {exc} (while passing on {message!r})")
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
             try:
                 record = self.sample()
             except Exception as exc:  # a failed sample must never take the training down
                 self._error("sample", exc)
-                continue
-            try:
-                self._emit(record)
-            except Exception as exc:
-                self._error("emit", exc)
+            else:
+                try:
+                    self._emit(record)
+                except Exception as exc:
+                    self._error("emit", exc)
+            if self._stop.is_set():
+                return
 
     def sample(self) -> dict[str, Any]:
         cpu = self._proc.cpu_percent(None)
@@ -196,9 +214,12 @@ class SystemSampler:
             live[child.pid] = proc
         self._children = live
         cores, idle = idle_cores(psutil.cpu_percent(None, percpu=True), self._usable)
+        t, since = now(), self._since
+        self._since = t
         record: dict[str, Any] = {
             "rank": self._rank,
-            "t": now(),
+            "t": t,
+            "t_since": since,
             "cpu_pct": cpu,
             "sys_cpu_pct": psutil.cpu_percent(None),
             "cpu_cores": cores,

@@ -524,6 +524,8 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
             done = tracker.end_step(t1)
         rt.steps_done = done
         unusual = tracker.last_unusual
+        if (done == tracker.warmup_steps or done == rt.budget_total) and rt.sampler is not None:
+            rt.sampler.mark()  # the measured window's edges: a window shorter than the interval is still sampled
 
         def after() -> None:
             if traces is not None:
