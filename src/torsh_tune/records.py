@@ -142,6 +142,8 @@ class CommRecord:
     t_start: float | None = None  # device clock: started, on the step's device timeline
     # async_op (not a DDP bucket's): the probed phase its issue fell in ("forward", "backward", "optimizer"),
     # None outside them. An engine overlapping its gradients' all-reduces issues them in "backward".
+    # Any call an evaluation pass issued (between its first fetch and the moment training resumed, e.g. a
+    # metric's all-reduce): "evaluation", and it is not in the step's comm_s or exposed_comm_s.
     phase: str | None = None
 
 

@@ -307,6 +307,31 @@ def test_evaluation_passes_are_graded_by_their_share_of_the_measured_time(share,
     assert evaluation_passes(pd.DataFrame(rows).drop(columns="eval_s")) is None
 
 
+def test_an_evaluations_collectives_are_counted_per_pass_and_left_out_of_the_trainings():
+    import pandas as pd
+
+    from torsh_tune.analysis import evaluation_passes
+    from torsh_tune.analysis._steps import measured
+
+    steps = pd.DataFrame([{"rank": r, "step": s, "step_s": 0.3 if s in (4, 8) else 0.1, "warmup": s == 0,
+                           "eval_s": 0.2 if s in (4, 8) else None, "eval_batches": 4 if s in (4, 8) else None}
+                          for r in (0, 1) for s in range(10)])
+    # Each step: the training's all-reduce; each pass: a metric's all-reduce per batch, one gather after the loop.
+    comm = pd.DataFrame([{"rank": r, "step": s, "seq": i, "collective": op, "issuer": issuer, "phase": phase}
+                         for r in (0, 1) for s in range(10)
+                         for i, (op, issuer, phase) in enumerate(
+                             [("all_reduce", "user", None)]
+                             + ([("all_reduce", "lightning", "evaluation")] * 4 + [("all_gather", "lightning", "evaluation")]
+                                if s in (4, 8) else []))])
+    passes = evaluation_passes(steps[~steps["warmup"]], comm)
+    assert (passes["collectives_per_pass"], passes["collective_kinds"]) == (5, ["lightning all_reduce", "lightning all_gather"])
+    (b,) = [b for b in diagnose(breakdown=_bd(forward=50.0, other=50.0), evaluation=passes, world_size=2)
+            if "eval_pct" in b.evidence]
+    assert "5 collective(s) per pass (lightning all_reduce, lightning all_gather)" in b.message
+    _, training, _ = measured(steps, comm)
+    assert set(training["issuer"]) == {"user"} and len(training) == 2 * 9
+
+
 @pytest.mark.parametrize(("built_by", "where"), [("transformers", "per_device_eval_batch_size"),
                                                   ("lightning", "limit_val_batches"),
                                                   ("user", "the script's evaluation interval")])

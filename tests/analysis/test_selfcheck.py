@@ -454,3 +454,20 @@ def test_a_findings_words_on_where_it_lies(largest, median, words):
         "; rank 3's step 12" if largest == 8.0 else "; the median")
     assert _where_in_steps("step", row, 10.0, name_rank=False) == ("", {})  # no per-step view of the step time
     assert _where_in_steps("compute", row, 10.0, name_rank=False) == ("", {})  # a trace without phase annotations
+
+
+def test_the_self_check_adds_an_evaluations_collectives_back_to_its_steps_communication():
+    """A trace holds an evaluation pass's collectives as communication; the records leave them out of
+    the step's comm_s: the comparison puts them back (duration as comm, blocked time as exposed)."""
+    import pandas as pd
+
+    from torsh_tune.analysis._selfcheck import _with_evaluation_comm
+
+    records = pd.DataFrame({"rank": [0, 0], "step": [4, 5], "comm_s": [0.01, 0.01], "exposed_comm_s": [0.0, 0.0]},
+                           index=[7, 9])
+    comm = pd.DataFrame({"rank": [0, 0, 0, 1], "step": [5, 5, 5, 5], "duration_s": [0.02, 0.03, 0.5, 0.7],
+                         "blocked_s": [0.02, 0.03, 0.5, 0.7], "phase": ["evaluation", "evaluation", None, "evaluation"]})
+    out = _with_evaluation_comm(records, comm)
+    assert list(out.index) == [7, 9]
+    assert out["comm_s"].tolist() == pytest.approx([0.01, 0.06]) and out["exposed_comm_s"].tolist() == pytest.approx([0.0, 0.05])
+    assert _with_evaluation_comm(records, comm.drop(columns="phase")) is records

@@ -172,6 +172,46 @@ def test_an_evaluation_around_a_closure_optimizer_leaves_out_its_time_once(run, 
     assert (step["eval_s"], step["eval_batches"]) == (0.5, 2)  # 10-11.5 less the optimizer's 10.25-11.25, once
 
 
+def test_an_evaluation_passes_collectives_are_its_own_not_the_steps_communication(run, writer):
+    """A pass's collectives (an FSDP2 all-gather in its forward, a metric's all-reduce after its last forward,
+    before training resumes) keep their records, as phase "evaluation", and stay out of the step's comm."""
+    from torsh_tune.profiler.steps import _OFFSET
+
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.call_sites.append((SharedFields({"rank": 3, "bucket": -1, "collective": "all_reduce",
+                                             "issuer": "lightning", "async_op": False, "clock": "host"}), "lightning"))
+
+    def call(t0, t1, seq):  # as the capture's fast path keeps a synchronous host call
+        tracker.comm_done.append((0, tracker.step, seq, 8, t0 - _OFFSET, t1 - _OFFSET))
+
+    tracker.on_forward(10.0, 10.25, 8)
+    tracker.on_optimizer(10.25, 10.5)
+    tracker.end_step(10.5)
+    tracker.on_data(10.5, 10.625, 16)
+    tracker.on_collective(_comm(10.75, 10.875, blocked_s=0.125, issuer="fsdp", step=1, seq=0))
+    tracker.on_eval(10.625, 11.0, 16)
+    call(11.125, 11.375, 1)  # the metric's all-reduce: after the pass's last forward
+    tracker.on_training_mode(11.4375)  # the module back in train mode: the pass is over
+    call(11.4375, 11.5, 3)  # Lightning's SIGTERM-flag broadcast before it fetches: training's
+    tracker.on_data(11.5, 11.625, 8)  # training resumes
+    tracker.on_forward(11.625, 11.75, 8)
+    tracker.on_backward(11.75, 12.0, None)
+    call(11.875, 11.9375, 2)  # the training's own (a hand-written all-reduce inside the backward)
+    tracker.on_optimizer(12.0, 12.125)
+    tracker.end_step(12.125)
+    _, step = _lines(run, writer, "steps")
+    assert step["eval_s"] == pytest.approx(11.375 - 10.5)  # to the end of its last collective
+    assert (step["comm_s"], step["exposed_comm_s"]) == pytest.approx((0.125, 0.125))
+    assert step["data_s"] == 0.125 and step["eval_batches"] == 1
+    comm = {c["seq"]: c for c in _lines(run, writer, "comm")}
+    assert (comm[0]["phase"], comm[0]["issuer"], comm[0]["blocked_s"]) == ("evaluation", "fsdp", 0.125)
+    assert (comm[1]["phase"], comm[1]["issuer"]) == ("evaluation", "lightning")
+    assert comm[1]["t_issue"] == pytest.approx(11.125) and comm[1]["duration_s"] == pytest.approx(0.25)
+    assert "phase" not in comm[2] and "phase" not in comm[3]
+    for record in comm.values():
+        assert_record_schema(record, "comm")
+
+
 def test_an_evaluation_pass_before_the_first_step_is_no_steps(run, writer):
     tracker = _tracker(writer, warmup_steps=0)
     tracker.on_eval(9.0, 9.5, 16)  # a sanity check before training: the tracker is idle

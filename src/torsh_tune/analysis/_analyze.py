@@ -80,7 +80,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     rare = frames.steps[~frames.steps["warmup"].fillna(False).astype(bool)] if not frames.steps.empty else steps
     rare = rare if not rare.empty else steps  # every step a warm-up step: `measured` kept them all
     saves = guarded("checkpoint analysis", lambda: checkpoint_saves(rare), None)
-    passes = guarded("evaluation analysis", lambda: evaluation_passes(rare), None)
+    passes = guarded("evaluation analysis", lambda: evaluation_passes(rare, frames.comm), None)
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 

@@ -408,8 +408,14 @@ def _evaluation(passes: dict[str, Any] | None, th: ThresholdsConfig,
         "measured_s": passes["measured_s"],
         "threshold_high_pct": th.eval_high_pct,
     }
+    synced = ""
+    if passes.get("collectives_per_pass"):  # a metric synced every batch makes a pass wait for the slowest rank
+        evidence["collectives_per_pass"] = passes["collectives_per_pass"]
+        evidence["collective_kinds"] = passes["collective_kinds"]
+        synced = (f", {passes['collectives_per_pass']} collective(s) per pass "
+                  f"({', '.join(passes['collective_kinds'][:3])})")
     message = (f"{pct:.1f} % of the measured time (rank {passes['rank']}) is evaluation: {passes['passes']} "
-               f"pass(es) of {1e3 * passes['median_pass_s']:.0f} ms{size}{every}, training waits for them "
+               f"pass(es) of {1e3 * passes['median_pass_s']:.0f} ms{size}{every}{synced}, training waits for them "
                "(the median step does not show them)")
     return [(Bottleneck(category="computation", severity=severity, ranks=involved, evidence=evidence,
                         message=message), pct)]

@@ -49,17 +49,20 @@ def checkpoint_saves(steps: pd.DataFrame) -> dict[str, Any] | None:
             "checkpoint_s": share.total_s, "measured_s": share.measured_s}
 
 
-def evaluation_passes(steps: pd.DataFrame) -> dict[str, Any] | None:
+def evaluation_passes(steps: pd.DataFrame, comm: pd.DataFrame | None = None) -> dict[str, Any] | None:
     """The measured steps' evaluation passes (`StepRecord.eval_s`), as a share of their time.
 
     Like a checkpoint save, an evaluation between steps is rare and long: the median step never
     shows it, so its cost is its total over the steps' total, per rank (the rank that lost most).
     On the device clock the steps' total is the host's (`host_step_s`), the clock of `eval_s`.
+    The collectives a pass issued (comm records with phase "evaluation": a metric's all-reduce,
+    the gathers after the loop) are counted per pass on that rank.
 
     Returns:
         None without an evaluation; else eval_pct (the worst rank's), eval_pct_by_rank, rank, passes (steps
         with one on that rank), median_pass_s, every_steps (median gap, None for one), batches_per_pass and
-        samples_per_pass (medians), eval_s (that rank's total) and measured_s (its steps' total).
+        samples_per_pass (medians), eval_s (that rank's total), measured_s (its steps' total), and with comm
+        records collectives_per_pass (median) and collective_kinds ("issuer op", most calls first).
 
     Example:
         >>> steps = pd.DataFrame({"rank": [0] * 4, "step": [1, 2, 3, 4], "step_s": [0.1, 0.3, 0.1, 0.3],
@@ -78,10 +81,19 @@ def evaluation_passes(steps: pd.DataFrame) -> dict[str, Any] | None:
         values = pd.to_numeric(mine[col], errors="coerce").dropna() if col in mine else pd.Series(dtype=float)
         return int(values.median()) if not values.empty else None
 
-    return {"eval_pct": share.pct, "eval_pct_by_rank": share.pct_by_rank, "rank": share.rank,
-            "passes": share.count, "median_pass_s": share.median_s, "every_steps": share.every_steps,
-            "batches_per_pass": per_pass("eval_batches"), "samples_per_pass": per_pass("eval_samples"),
-            "eval_s": share.total_s, "measured_s": share.measured_s}
+    out = {"eval_pct": share.pct, "eval_pct_by_rank": share.pct_by_rank, "rank": share.rank,
+           "passes": share.count, "median_pass_s": share.median_s, "every_steps": share.every_steps,
+           "batches_per_pass": per_pass("eval_batches"), "samples_per_pass": per_pass("eval_samples"),
+           "eval_s": share.total_s, "measured_s": share.measured_s}
+    if comm is not None and not comm.empty and "phase" in comm:
+        theirs = comm[comm["phase"].eq("evaluation") & comm["rank"].eq(share.rank)
+                      & comm["step"].isin(set(mine["step"]))]
+        counts = theirs.groupby("step").size().reindex(sorted(set(mine["step"])), fill_value=0)
+        kinds = (theirs["issuer"].fillna("unrecorded").astype(str) + " " + theirs["collective"].astype(str)
+                 if not theirs.empty else pd.Series(dtype=str))
+        out["collectives_per_pass"] = int(counts.median())
+        out["collective_kinds"] = [str(k) for k in kinds.value_counts(sort=True).index]
+    return out
 
 
 class _RareShare(NamedTuple):

@@ -189,6 +189,8 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
                             "measured there")
         covered += compared
         span_s = float(b["span_s"])
+        if comm is not None:
+            records = _with_evaluation_comm(records, comm)
         split = phase_frame(records)  # the records' phases (`phases` holds the trace's)
         ao = _always_on(records, split)
         # The trace's step time on the always-on side's clock: device-clock records against the device span
@@ -311,6 +313,32 @@ def _trace_compute(breakdown: dict[str, Any], phases: dict[str, Any] | None) -> 
 def _compute(phases: pd.DataFrame) -> pd.Series:
     """The always-on compute of each record (`phase_frame`): its phases less the communication exposed in them."""
     return phases["forward"] + phases["backward_compute"] + phases["optimizer"]
+
+
+def _with_evaluation_comm(records: pd.DataFrame, comm: pd.DataFrame) -> pd.DataFrame:
+    """The step records with their evaluation passes' collectives added back to comm_s and exposed_comm_s.
+
+    A record leaves out the collectives an evaluation pass issued (CommRecord phase "evaluation"), which
+    a trace of the step holds as communication like any other: the comparison takes both sides whole.
+    Each such call counts its duration as communication and the time the training thread blocked in it
+    as exposed.
+    """
+    if comm.empty or "phase" not in comm:
+        return records
+    theirs = comm[comm["phase"].eq("evaluation")]
+    if theirs.empty:
+        return records
+    per_step = pd.DataFrame({
+        "rank": theirs["rank"], "step": theirs["step"],
+        "_comm": pd.to_numeric(theirs["duration_s"], errors="coerce").fillna(0.0),
+        "_blocked": (pd.to_numeric(theirs["blocked_s"], errors="coerce").fillna(0.0) if "blocked_s" in theirs
+                     else 0.0),
+    }).groupby(["rank", "step"], as_index=False).sum()
+    out = records.merge(per_step, on=["rank", "step"], how="left")
+    out.index = records.index
+    for column, extra in (("comm_s", "_comm"), ("exposed_comm_s", "_blocked")):
+        out[column] = pd.to_numeric(out[column], errors="coerce").fillna(0.0) + out[extra].fillna(0.0)
+    return out.drop(columns=["_comm", "_blocked"])
 
 
 def _always_on(records: pd.DataFrame, phases: pd.DataFrame) -> dict[str, Any]:

@@ -74,6 +74,9 @@ def comm_timed(steps: pd.DataFrame) -> pd.DataFrame:
 def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """The steps and collectives outside warm-up and deep-trace windows, and warnings about the choice.
 
+    An evaluation pass's collectives (phase "evaluation") are not the training's communication: left
+    out here, counted by `evaluation_passes`.
+
     When every step is a warm-up step (a short or crashed run) all of them are used, with
     a warning, so that a short run still gets numbers. The steps a trace window recorded or
     warmed its profiler up in (`StepRecord.trace`, on any rank) carry the profiler's own cost:
@@ -95,7 +98,9 @@ def measured(steps: pd.DataFrame, comm: pd.DataFrame) -> tuple[pd.DataFrame, pd.
         warnings.append(warning)
     keys = set(zip(kept["rank"], kept["step"]))
     if not comm.empty:
-        mask = [k in keys for k in zip(comm["rank"], comm["step"])]
+        mask = np.fromiter((k in keys for k in zip(comm["rank"], comm["step"])), bool, len(comm))
+        if "phase" in comm:
+            mask &= comm["phase"].ne("evaluation").to_numpy()
         comm = comm[mask]
     return kept.reset_index(drop=True), comm.reset_index(drop=True), warnings
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ._clock import offset as _clock_offset
 from ._device import DeviceEvents
-from .writer import RecordWriter, host_call_values
+from .writer import HOST_CALL_FIELDS, RecordWriter, host_call_values
 
 __all__ = ["StepTracker"]
 
@@ -179,6 +179,11 @@ class StepTracker:
         if not self.idle:
             self.phases.append(("eval", t0, t1, batch_size, (start_event, None) if start_event is not None else None))
             self.unusual = True
+
+    def on_training_mode(self, t: float) -> None:
+        """The trained module went back to train mode: an evaluation pass of this step ended by then."""
+        if self.unusual and self.phases and self.phases[-1][0] != "resume":
+            self.phases.append(("resume", t, t, None, None))
 
     def on_checkpoint(self, t0: float, t1: float) -> None:
         """A checkpoint save on the training thread (host clock); one before the first step is no step's."""
@@ -347,9 +352,13 @@ class StepTracker:
         fetched: list[tuple[float, float, int]] = []
         passes: list[tuple[float, float, int, Any]] = []  # (t0, t1, samples or -1 for a fetch, start event)
         trained: list[tuple[float, float]] = []  # every other span: what ran between an evaluation's forwards
+        resumed: list[float] = []  # the trained module back in train mode (`on_training_mode`)
         for phase, t0, t1, value, events in entry["ev"]:
             if phase == "data":
                 fetched.append((t0, t1, value))
+                continue
+            if phase == "resume":
+                resumed.append(t0)
                 continue
             if phase == "eval":
                 passes += [(d0, d1, -1, None) for d0, d1, _ in fetched]
@@ -399,6 +408,13 @@ class StepTracker:
         if passes:
             record.update(_evaluation(passes, trained))
             entry["eval_events"] = [e[3] for e in passes if e[3] is not None]
+            # The pass lasts until training resumes (a training phase, or the module back in train mode):
+            # its collectives (a metric's all-reduce, the gathers after the loop) are the pass's, not the
+            # step's communication (`_evaluation_comm`).
+            hi = max(p[1] for p in passes)
+            resume = min((t0 for t0, _ in trained if t0 >= hi), default=t_end)
+            resume = min([resume, *(t for t in resumed if t >= hi)])
+            entry["eval_window"] = (passes, trained, resume)
         if "trace" in entry:
             record["trace"] = entry["trace"]
         return record
@@ -455,10 +471,55 @@ class StepTracker:
         # A closure-style optimizer (Lightning's `optimizer.step(closure)`) runs forward and backward
         # inside the optimizer step: the optimizer phase is what is left of it.
         record["optimizer_s"] = sum(t1 - t0 for p, t0, t1 in spans if p == "optimizer")
-        comm_s, exposed, in_phase = _comm_times(comm, entry["calls"], record, spans, entry.get("ddp_exposed", 0.0))
+        calls = entry["calls"]
+        if "eval_window" in entry:
+            comm, calls = self._evaluation_comm(entry, record)
+        comm_s, exposed, in_phase = _comm_times(comm, calls, record, spans, entry.get("ddp_exposed", 0.0))
         record["comm_s"], record["exposed_comm_s"] = comm_s, exposed
         for phase in _PHASES:
             record[phase + "_exposed_comm_s"] = in_phase[phase]
+
+    def _evaluation_comm(self, entry: dict[str, Any], record: dict[str, Any]) -> tuple[list[dict[str, Any]], list[tuple]]:
+        """Split off the collectives an evaluation pass issued: (the step's records, the step's host calls).
+
+        A collective is the pass's when the host issued it between the pass's first fetch and the
+        moment training resumed, outside any training phase. It keeps its CommRecord, with phase
+        "evaluation" (a host call becomes a dict record for that), and is left out of the step's
+        communication; the pass's host time (`eval_s`) runs to the last one's end on the host.
+        """
+        passes, trained, resume = entry.pop("eval_window")
+        lo = min(p[0] for p in passes)
+        inside = sorted((t0, t1) for t0, t1 in trained if t1 > lo and t0 < resume)
+
+        def the_pass(t: float) -> bool:
+            return lo <= t < resume and not any(t0 <= t < t1 for t0, t1 in inside)
+
+        step_comm, step_calls, spans = [], [], []
+        device = record["clock"] == "device"
+        for c in entry["comm"]:
+            if c.get("t_issue") is None or not the_pass(c["t_issue"]):
+                step_comm.append(c)
+                continue
+            c["phase"] = "evaluation"
+            if "_rel_start" in c:  # on the step's device timeline, as `_comm_times` writes the step's own
+                c["t_start"] = record["t_start"] + c.pop("_rel_start")
+                c["t_complete"] = record["t_start"] + c.pop("_rel_end")
+                c.pop("_rel_wait", None)
+            host_end = c.get("t_complete") if c["_s"]["clock"] == "host" and not device else None
+            spans.append((c["t_issue"], host_end or c["t_issue"] + (c.get("blocked_s") or 0.0), -1, None))
+        for call in entry["calls"]:
+            t_issue = call[4] + _OFFSET
+            if not the_pass(t_issue):
+                step_calls.append(call)
+                continue
+            shared = self.call_sites[call[0]][0]
+            values = dict(zip(HOST_CALL_FIELDS, host_call_values(call)))
+            entry["comm"].append({"_s": shared, **values, "phase": "evaluation"})
+            spans.append((t_issue, call[5] + _OFFSET, -1, None))
+        if spans:
+            entry["calls"] = step_calls
+            record.update(_evaluation(passes + spans, trained))
+        return step_comm, step_calls
 
     def _to_device_clock(self, entry: dict[str, Any], start: Any, end: Any) -> None:
         """Phases and collectives of a completed step in device time, relative to its start event."""

@@ -452,13 +452,26 @@ class RankRuntime:
             entry[1] = (module.register_forward_pre_hook(self.eval_pre_hook, with_kwargs=True),
                         module.register_forward_hook(self.eval_post_hook))
         elif mode and entry[1] is not None:
-            for handle in entry[1]:
-                handle.remove()
-            entry[1] = None
+            self._training_again(entry)
+
+    def _training_again(self, entry: list[Any]) -> None:
+        """A watched module is back in train mode: its evaluation hooks go, and the pass has ended."""
+        for handle in entry[1]:
+            handle.remove()
+        entry[1] = None
+        self.tracker.on_training_mode(_perf() + _OFF)
 
     def eval_pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
-        if (traced() or flags._is_compiling_flag or self._eval is not None or module.training
-                or torch.is_grad_enabled()):
+        if traced() or flags._is_compiling_flag:
+            return
+        if module.training:
+            # Back in train mode without a train() call: Lightning restores the mode by assigning each
+            # module's `training` (`_ModuleMode.restore`). Seen at the first training forward after it.
+            entry = self._eval_watched.get(id(module))
+            if entry is not None and entry[0] is module and entry[1] is not None:
+                self._training_again(entry)
+            return
+        if self._eval is not None or torch.is_grad_enabled():
             return
         batch = 0 if module in self._no_samples else (_batch_size(args) if args else 0) or _batch_size(kwargs)
         events = self.tracker.device_events
