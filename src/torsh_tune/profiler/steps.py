@@ -505,7 +505,7 @@ class StepTracker:
                 c["t_start"] = record["t_start"] + c.pop("_rel_start")
                 c["t_complete"] = record["t_start"] + c.pop("_rel_end")
                 c.pop("_rel_wait", None)
-            host_end = c.get("t_complete") if c["_s"]["clock"] == "host" and not device else None
+            host_end = c.get("t_complete") if c.get("_s", {}).get("clock") == "host" and not device else None
             spans.append((c["t_issue"], host_end or c["t_issue"] + (c.get("blocked_s") or 0.0), -1, None))
         for call in entry["calls"]:
             t_issue = call[4] + _OFFSET
