@@ -150,13 +150,17 @@ def test_bench_all_reduce_on_2x2_crosses_the_shaped_link_and_tears_down(bench_2x
     intra = {r["size_bytes"]: r for r in bench["rows"] if r["level"] == "intra" and r["status"] == "ok"}
     # The link holds the inter-node ring to its rate (bytes/s; a little over it from the tbf bucket);
     # the same all-reduce inside one node, over loopback, is not held to it.
-    # (On 2 busy cores loopback can be slow too; it only has to beat the link's cap, at some size, or
-    # on a host slow enough to keep loopback near the cap, beat what the link carried by 15 %: one
-    # suite run here measured loopback's best at 0.155 GB/s against a 0.156 cap.)
+    # (On 2 busy cores loopback can be slow too; it only has to beat the link's cap, or on a host slow
+    # enough to keep loopback near the cap, beat what the link carried by 15 %: one suite run here
+    # measured loopback's best at 0.155 GB/s against a 0.156 cap.)
+    # Loopback's rate at 1 MiB is taken from its fastest iteration (of 3): one iteration stalled by the busy host
+    # made a row's mean fall below the link's (0.137 against 0.141 GB/s, twice); through the link even the fastest
+    # 1 MiB iteration is held to its rate (its tbf bucket holds 256 KiB).
     cap = 1.25 * LINK_GBPS / 8
     assert inter[1 << 20]["busbw_gbps"] < cap
-    assert max(row["busbw_gbps"] for row in intra.values()) > min(cap, 1.15 * inter[1 << 20]["busbw_gbps"]), (
-        intra, inter)
+    row = intra[1 << 20]
+    fastest = row["busbw_gbps"] * row["time_s"] / row["time_min_s"]
+    assert fastest > min(cap, 1.15 * inter[1 << 20]["busbw_gbps"]), (intra, inter)
     info = json.loads((_bench_run(runs) / "run.json").read_text())
     assert info["emulated"]["nodes"] == 2 and info["emulated"]["link_gbps"] == LINK_GBPS
     assert "topology: 2 node(s)" in out and "inter-node emulated 1 Gbit/s" in out
