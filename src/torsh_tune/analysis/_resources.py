@@ -355,6 +355,8 @@ def _in_measured_window(system: pd.DataFrame, steps: pd.DataFrame | None, notes:
         notes.append("system statistics use every system sample (start-up and teardown included): "
                      "no step records give a measured window")
         return system.assign(weight=1.0)
+    if not system.index.is_unique:  # the weights are placed by label
+        system = system.reset_index(drop=True)
     t = pd.to_numeric(system["t"], errors="coerce")
     since = (pd.to_numeric(system["t_since"], errors="coerce") if "t_since" in system.columns
              else pd.Series(float("nan"), index=system.index))
