@@ -369,8 +369,9 @@ def _in_measured_window(system: pd.DataFrame, steps: pd.DataFrame | None, notes:
         spacing = float(ts.diff().median()) if len(ts) > 1 else 0.0
         start = since[ts.index].fillna(ts.shift(1)).fillna(ts - spacing)
         overlap = (ts.clip(upper=t1) - start.clip(lower=t0)).clip(lower=0.0)
-        point = (start >= ts) & (ts >= t0) & (ts <= t1)  # a lone sample of unknown span inside the window
-        weight[ts.index] = overlap.where(~point, 1e-3)
+        # A lone sample of unknown span (an older record) inside the window: taken to cover the window.
+        point = (start >= ts) & (ts >= t0) & (ts <= t1)
+        weight[ts.index] = overlap.where(~point, t1 - t0)
     keep = weight > 0
     if not keep.any():
         notes.append(f"system statistics use every system sample (start-up and teardown included): "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import shlex
 import signal
 import subprocess
@@ -24,24 +23,23 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from ._procs import die_with_this_thread
 from .emulate import EmulationError, node_address, node_hostname
 
 _CLONE_NEWUTS = 0x04000000
-_PR_SET_PDEATHSIG = 1
 
 
 def _agent_preexec(node: int):
     libc = ctypes.CDLL(None, use_errno=True)  # resolved before fork: the child only calls into it
-    unshare, sethostname, prctl = libc.unshare, libc.sethostname, libc.prctl
+    unshare, sethostname = libc.unshare, libc.sethostname
     name = node_hostname(node).encode()
-    parent = os.getpid()
+    die_with_fan_out = die_with_this_thread()  # the fan-out died: stop this node
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))  # the fan-out died: stop this node
+        if die_with_fan_out is not None:
+            die_with_fan_out()
         if unshare(_CLONE_NEWUTS) == 0:
             sethostname(name, len(name))
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
 
     return preexec
 

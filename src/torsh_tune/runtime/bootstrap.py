@@ -59,7 +59,8 @@ def _die_with_the_agent() -> None:
     ranks orphaned in their collectives: they ran on for minutes after a killed bench. SIGKILL, not
     SIGTERM: nobody is left to escalate, and a script's own SIGTERM handler (Lightning has one)
     must not keep it alive. torchrun starts its workers from its main thread, the thread the
-    signal follows.
+    signal follows. (The launcher's children get theirs from `launch._procs.die_with_this_thread`,
+    set before exec; the runtime does not import `launch`.)
     """
     if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
