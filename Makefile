@@ -22,6 +22,7 @@ venv: $(STAMP)
 # study report (about 5-8 minutes on 2 CPU cores, the ablation ~30 of its runs; STUDY/summary.md holds
 # the verdict, the confirmed speedup with its CI, and the command to run the winner).
 demo: $(STAMP)
+	$(BIN)/python -m compileall -q src examples >/dev/null 2>&1 || true
 	$(BIN)/torsh-tune --nproc-per-node 2 --trials 8 --steps 15 --warmup-steps 3 --seed 0 \
 	  examples/data_bound.py --log-every 1000
 
@@ -44,7 +45,12 @@ postgres:
 	  else echo "not root or no apt-get: install Debian's postgresql to run the PostgreSQL study test"; fi; \
 	fi
 
+# Bytecode first: where PYTHONDONTWRITEBYTECODE is set (this machine's shell sets it), every rank, CLI and
+# tuner process of the suite's ~250 launches would otherwise compile torsh-tune's sources again
+# (~60 ms per rank, ~50 ms per CLI: BENCHMARKS.md). Python still reads the files it did not write;
+# a file that does not compile is the tests' business, not this speed-up's.
 test: $(STAMP) browser postgres
+	$(BIN)/python -m compileall -q src tests examples benchmarks >/dev/null 2>&1 || true
 	$(BIN)/python -m pytest -q --timeout 600 --durations=15 tests
 
 # What only a GPU can show (gpu-marked tests, NCCL runs with the self-check vs Kineto, overhead,

@@ -82,15 +82,23 @@ class StepRecord:
     eval_s: float | None = None
     eval_batches: int | None = None  # its forwards
     eval_samples: int | None = None  # their batches' first dimension, summed
+    # Host seconds the training thread spent starting a DataLoader iterator's worker processes (`iter()` of a
+    # loader with workers: every epoch unless it keeps them, `persistent_workers`) and shutting an exhausted
+    # iterator's down, in this step, whatever `clock` says; not in `data_s` (the waits for batches, the new
+    # workers' first one included). An evaluation loader's are its pass's. Absent: none.
+    loader_restart_s: float | None = None
+    loader_starts: int | None = None  # worker processes those starts launched; absent: none
     # The step inside a deep-trace window: "recorded" (the profiler recorded it, which slows it) or "warmup"
     # (the step the window's profiler started in, before recording). Absent: no window. The analysis leaves
     # these steps out of the step statistics where enough others remain (`analysis.measured`).
     trace: str | None = None
 
 
-#: StepRecord fields of host seconds a step spends slow by design, rare and long (phase name -> field): the
-#: median step never shows them, they are findings of their own, never a stall or a spike.
-PLANNED_FIELDS = {"evaluation": "eval_s", "checkpoint": "checkpoint_s"}
+#: StepRecord fields of host seconds a step spends slow by design, rare and long (phase name -> field): an
+#: evaluation pass, a checkpoint save, a DataLoader starting its workers again (what a loader without
+#: persistent workers does every epoch). The median step never shows them, they are findings of their own,
+#: never a stall or a spike.
+PLANNED_FIELDS = {"evaluation": "eval_s", "checkpoint": "checkpoint_s", "loader": "loader_restart_s"}
 
 
 #: Issuers (`CommRecord.issuer`) that are training frameworks: besides the gradients' collectives they issue

@@ -572,3 +572,81 @@ def test_ddp_advice_says_where_the_users_own_code_sets_it(built_by, key, value, 
     ctx = _Context({}, {}, {0: {"ddp": {"built_by": built_by}}}, 2)
     text = _in_your_code(ctx, key, value)
     assert text.startswith(f"In your code: {where}") and text.endswith("the patch below does it")
+
+
+def test_a_loader_that_starts_its_workers_every_epoch_is_found_and_its_patch_keeps_them(tmp_path):
+    """2 ranks, gloo: the data-bound example with 2 DataLoader workers and epochs of 4 steps (64 samples,
+    batches of 8 per rank). Without persistent workers every epoch's iterator starts two processes and
+    waits for their first batch: the median step never shows it, the finding and its patch do."""
+    from helpers import run_cli
+
+    from torsh_tune.reports import patch_to_toml
+
+    example = DATA.parents[1] / "examples" / "data_bound.py"
+    args = [str(example), "--num-workers", "2", "--num-samples", "64", "--batch-size", "8", "--read-ms", "1",
+            "--image-size", "32", "--log-every", "1000"]
+    budget = ["--nproc-per-node", "2", "--steps", "12", "--warmup-steps", "2", "--runs-dir", str(tmp_path)]
+    proc = run_cli("profile", *budget, "--run-name", "restarts", *args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = tmp_path / "restarts"
+    for rank in (0, 1):
+        steps = [json.loads(line) for line in (run / "ranks" / f"rank{rank:05d}.steps.jsonl").read_text().splitlines()]
+        # The first iterator starts in the warm-up (which its 2 x 2 ready batches extend to step 4); then one
+        # restart every 4 steps, at each epoch's first step, and never the data wait's.
+        measured = [s for s in steps if not s["warmup"]]
+        assert [s["step"] for s in measured if s.get("loader_starts")] == [4, 8, 12], measured
+        assert all(s["loader_starts"] == 2 and s["loader_restart_s"] > 0 for s in measured if s.get("loader_starts"))
+    report = json.loads((run / "report" / "report.json").read_text())
+    found = next(b for b in report["bottlenecks"] if "restart_pct" in b["evidence"])
+    ev = found["evidence"]
+    assert found["category"] == "io" and found["severity"] in ("medium", "high", "critical")
+    assert (ev["restarts"], ev["workers"], ev["every_steps"]) == (3, 2, 4)
+    assert ev["median_restart_step_s"] > ev["usual_step_s"] and ev["excess_s"] > 0
+    assert ev["restart_pct"] == pytest.approx(100 * ev["excess_s"] / ev["measured_s"], abs=0.01)
+    rec = next(r for r in report["recommendations"] if r["config_patch"] == {"dataloader": {"persistent_workers": True}})
+    gain = rec["expected_gain"]
+    assert gain["of"] == "measured" and gain["high_pct"] == pytest.approx(ev["restart_pct"], abs=0.01)
+    assert gain["low_pct"] == pytest.approx(max(0.0, ev["restart_pct"] - ev["first_batch_pct"]), abs=0.01)
+    assert "% of the measured time" in (run / "report" / "report.md").read_text()
+    # The patch, as the user would apply it: the workers start once, in the warm-up, and no finding is left.
+    config = tmp_path / "persistent.toml"
+    config.write_text(patch_to_toml(rec["config_patch"]))
+    proc = run_cli("profile", *budget, "--run-name", "persistent", "--config", str(config), *args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run = tmp_path / "persistent"
+    steps = [json.loads(line) for line in (run / "ranks" / "rank00000.steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if s.get("loader_starts")] == [0]
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert not [b for b in report["bottlenecks"] if "restart_pct" in b["evidence"]]
+
+
+def test_a_loader_restarts_cost_leaves_out_the_evaluation_in_its_step_and_is_advised_in_the_frameworks_terms():
+    import pandas as pd
+
+    from torsh_tune.analysis import loader_restarts
+
+    # Rank 0: epochs of 4 steps of 0.1 s; each restart step 0.5 s, of which the epoch's validation takes 0.2 s
+    # (a finding of its own) and the first batch 0.1 s. Rank 1 restarts alike at 0.3 s.
+    rows = []
+    for rank, restart_s in ((0, 0.5), (1, 0.3)):
+        for step in range(1, 13):
+            start = step % 4 == 0
+            rows.append({"rank": rank, "step": step, "step_s": restart_s if start else 0.1,
+                         "data_s": 0.1 if start else 0.0, "eval_s": 0.2 if start and rank == 0 else None,
+                         "loader_restart_s": 0.05 if start else None, "loader_starts": 2 if start else None})
+    r = loader_restarts(pd.DataFrame(rows))
+    # Rank 0: 3 x (0.5 - 0.2 - 0.1) = 0.6 s beyond a usual step over 2.4 s; rank 1: 3 x 0.2 = 0.6 s over 1.8 s.
+    assert r["rank"] == 1 and r["restart_pct_by_rank"] == {0: 25.0, 1: 33.33}
+    assert (r["restarts"], r["every_steps"], r["workers"]) == (3, 4, 2)
+    assert r["median_restart_step_s"] == pytest.approx(0.3) and r["usual_step_s"] == pytest.approx(0.1)
+    assert r["first_batch_pct"] == pytest.approx(100 * 0.3 / 1.8)
+    (b,) = diagnose(breakdown=None, loader_restarts=r, world_size=2)
+    assert b.category == "io" and b.severity == "critical" and b.ranks == (0, 1)  # both over io_high_pct / 2
+    assert "2 worker processes again: 3 restart(s), every 4 steps" in b.message
+    for built_by, where in (("user", "DataLoader(..., persistent_workers=True)"),
+                            ("transformers", "TrainingArguments(dataloader_persistent_workers=True)"),
+                            ("lightning", "persistent_workers=True in the DataLoader the LightningModule")):
+        (rec,) = recommend([b], meta={0: {"ddp": {"built_by": built_by}}}, world_size=2)
+        assert rec.config_patch == {"dataloader": {"persistent_workers": True}} and where in rec.rationale
+        assert rec.expected_gain.of == "measured"
+        assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (pytest.approx(16.67, abs=0.02), 33.33)

@@ -159,6 +159,42 @@ def test_an_evaluation_pass_is_its_own_time_and_its_batches_are_not_data_wait_no
         assert_record_schema(record, "steps")
 
 
+def test_a_dataloaders_worker_restarts_are_their_own_time_and_an_evaluation_loaders_are_the_passs(run, writer):
+    tracker = _tracker(writer, warmup_steps=0)
+    tracker.on_data(10.0, 10.125, 8)
+    tracker.on_forward(10.125, 10.25, 8)
+    tracker.on_optimizer(10.25, 10.5)
+    tracker.end_step(10.5)
+    # Step 1: the epoch ends (the exhausted iterator shuts its workers down), the next epoch's iterator
+    # starts 2 workers, and the first batch waits for them.
+    tracker.on_loader(10.5, 10.625, 0)
+    tracker.on_loader(10.75, 11.0, 2)
+    assert tracker.unusual
+    tracker.on_data(11.0, 11.5, 8)
+    tracker.on_forward(11.5, 11.75, 8)
+    tracker.on_optimizer(11.75, 12.0)
+    assert tracker.end_step(12.0) == 2 and tracker.last_unusual
+    # Step 2: a validation pass with a loader of its own (its iterator started, then shut down after the
+    # last batch): the pass's time, not a restart of the training's loader.
+    tracker.on_loader(12.0, 12.25, 3)
+    tracker.on_data(12.25, 12.5, 16)
+    tracker.on_eval(12.5, 12.75, 16)
+    tracker.on_loader(12.75, 13.0, 0)
+    tracker.on_data(13.0, 13.125, 8)
+    tracker.on_forward(13.125, 13.25, 8)
+    tracker.on_optimizer(13.25, 13.5)
+    tracker.end_step(13.5)
+    first, restarted, evaluated = _lines(run, writer, "steps")
+    assert "loader_restart_s" not in first and "loader_starts" not in first
+    # The start and the shut-down are the loader's (0.375 s); the wait for the first batch stays data wait.
+    assert (restarted["loader_restart_s"], restarted["loader_starts"], restarted["data_s"]) == (0.375, 2, 0.5)
+    assert restarted["samples"] == 8 and "eval_s" not in restarted
+    assert "loader_restart_s" not in evaluated and "loader_starts" not in evaluated
+    assert (evaluated["eval_s"], evaluated["data_s"], evaluated["samples"]) == (1.0, 0.125, 8)  # 12.0-13.0
+    for record in (first, restarted, evaluated):
+        assert_record_schema(record, "steps")
+
+
 def test_an_evaluation_around_a_closure_optimizer_leaves_out_its_time_once(run, writer):
     tracker = _tracker(writer, warmup_steps=0)
     tracker.mark_activity(9.5)  # the run's first phase (a fetch, say): the tracker is no longer idle

@@ -34,6 +34,8 @@ def test_gain_text():
     assert gain_text({"low_pct": 5.0, "high_pct": 20.0}, 0.1) == "5.0–20 % of the step (≈ 5.00 ms–20.0 ms)"
     assert gain_text({"low_pct": 0.0, "high_pct": 24.0}, None) == "0–24 % of the step"
     assert gain_text({"low_pct": 33.0, "high_pct": 33.0}, 0.152) == "33 % of the step (≈ 50.2 ms)"
+    # A gain over rare, long steps (a save, an evaluation, a DataLoader's restart): no median step holds it.
+    assert gain_text({"low_pct": 35.0, "high_pct": 40.0, "of": "measured"}, 0.02) == "35–40 % of the measured time"
 
 
 def test_patch_to_toml_round_trips_through_tomllib():

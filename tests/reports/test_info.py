@@ -61,7 +61,7 @@ def test_report_info_carries_the_analysis(analysis):
     assert info.bottlenecks[0]["ranks"] == [0, 1]
     assert [r["priority"] for r in info.recommendations] == [1, 2]
     assert info.recommendations[0]["expected_gain"] == {
-        "low_pct": 5.0, "high_pct": 20.0, "basis": "exposed communication 50.2 % of the step"}
+        "low_pct": 5.0, "high_pct": 20.0, "basis": "exposed communication 50.2 % of the step", "of": "step"}
     assert info.recommendations[1]["verified_by"] == [3, 7]
     assert info.partial is False and info.warnings == ()
 

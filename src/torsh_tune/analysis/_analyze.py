@@ -16,7 +16,8 @@ from ._bottlenecks import diagnose
 from ._comm import comm_stats
 from ._load import load_run
 from ._recommend import recommend
-from ._resources import checkpoint_saves, data_wait_by_rank, evaluation_passes, memory_stats, system_stats
+from ._resources import (checkpoint_saves, data_wait_by_rank, evaluation_passes, loader_restarts, memory_stats,
+                         system_stats)
 from ._runinfo import cpu_count, is_done, nproc_per_node, run_status
 from ._selfcheck import run_self_checks
 from ._steps import breakdown, measured, step_stats, traced_left_out
@@ -81,6 +82,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     rare = rare if not rare.empty else steps  # every step a warm-up step: `measured` kept them all
     saves = guarded("checkpoint analysis", lambda: checkpoint_saves(rare), None)
     passes = guarded("evaluation analysis", lambda: evaluation_passes(rare, frames.comm), None)
+    restarts = guarded("DataLoader restart analysis", lambda: loader_restarts(rare), None)
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 
@@ -89,7 +91,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     bottlenecks = guarded("diagnosis", lambda: diagnose(
         breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
         pipeline=pipeline, world_size=frames.world_size, thresholds=th, checkpoint=saves,
-        evaluation=passes,
+        evaluation=passes, loader_restarts=restarts,
         reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
         reference_busbw_at=_bench_busbw_at(frames.info, warnings),
         host_cores_per_rank=_host_cores_per_rank(frames.info, frames.config, frames.world_size),

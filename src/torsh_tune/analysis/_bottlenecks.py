@@ -48,6 +48,7 @@ def diagnose(
     host_cores_per_rank: float | None = None,
     checkpoint: dict[str, Any] | None = None,
     evaluation: dict[str, Any] | None = None,
+    loader_restarts: dict[str, Any] | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -83,6 +84,9 @@ def diagnose(
             they take more than half of `io_high_pct` of the measured time.
         evaluation: the measured steps' evaluation passes (`evaluation_passes`): a `computation` finding
             (evidence `eval_pct`) when they take more than half of `eval_high_pct` of the measured time.
+        loader_restarts: the measured steps' DataLoader worker restarts (`loader_restarts`): an `io` finding
+            (evidence `restart_pct`) when the steps that make them take more than half of `io_high_pct` of the
+            measured time beyond a usual step.
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -107,6 +111,7 @@ def diagnose(
     found += _io(breakdown, data_wait_by_rank or {}, th, all_ranks, system, host_cores_per_rank)
     found += _checkpoint(checkpoint, th, all_ranks)
     found += _evaluation(evaluation, th, all_ranks)
+    found += _loader_restarts(loader_restarts, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
     found += _pipeline(pipeline, th, all_ranks)
@@ -355,16 +360,27 @@ def _io(breakdown: Breakdown | None, by_rank: dict[int, float], th: ThresholdsCo
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), data)]
 
 
+def _rare_level(found: dict[str, Any] | None, key: str, ranks: tuple[int, ...], *, high: float,
+                critical: float) -> tuple[float, str, tuple[int, ...]] | None:
+    """(share, severity, ranks involved) of a rare, long part of the steps (a save, a pass, a DataLoader's
+    restart) from its share of the measured time `found[key]` (and per rank, `key + "_by_rank"`): medium
+    from half of `high`, the ranks above that (else all); None when there is none or it is below that."""
+    if not found:
+        return None
+    pct = round(float(found[key]), 2)
+    severity = _level(pct, critical=critical, high=high, medium=high / 2)
+    if severity is None:
+        return None
+    return pct, severity, tuple(r for r, v in found[key + "_by_rank"].items() if v > high / 2) or ranks
+
+
 def _checkpoint(saves: dict[str, Any] | None, th: ThresholdsConfig,
                 ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
     """Checkpoint saves that block training: their share of the measured time, not of the median step."""
-    if not saves:
+    graded = _rare_level(saves, "checkpoint_pct", ranks, high=th.io_high_pct, critical=th.io_critical_pct)
+    if graded is None:
         return []
-    pct = round(float(saves["checkpoint_pct"]), 2)
-    severity = _level(pct, critical=th.io_critical_pct, high=th.io_high_pct, medium=th.io_high_pct / 2)
-    if severity is None:
-        return []
-    involved = tuple(r for r, v in saves["checkpoint_pct_by_rank"].items() if v > th.io_high_pct / 2) or ranks
+    pct, severity, involved = graded
     every = f", every {saves['every_steps']} steps" if saves.get("every_steps") else ""
     evidence = {
         "checkpoint_pct": pct,
@@ -383,16 +399,35 @@ def _checkpoint(saves: dict[str, Any] | None, th: ThresholdsConfig,
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), pct)]
 
 
+def _loader_restarts(restarts: dict[str, Any] | None, th: ThresholdsConfig,
+                     ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    """A DataLoader that starts its workers again every epoch: what those steps take beyond a usual one."""
+    graded = _rare_level(restarts, "restart_pct", ranks, high=th.io_high_pct, critical=th.io_critical_pct)
+    if graded is None:
+        return []
+    pct, severity, involved = graded
+    every = f", every {restarts['every_steps']} steps" if restarts.get("every_steps") else ""
+    workers = restarts["workers"]
+    evidence = {key: restarts[key] for key in (
+        "restart_pct_by_rank", "restarts", "workers", "every_steps", "median_restart_step_s", "usual_step_s",
+        "median_start_s", "first_batch_s", "excess_s", "first_batch_pct", "measured_s")}
+    evidence.update(restart_pct=pct, threshold_high_pct=th.io_high_pct, threshold_critical_pct=th.io_critical_pct)
+    message = (f"{pct:.1f} % of the measured time (rank {restarts['rank']}) goes to starting the DataLoader's "
+               f"{workers} worker process{'es' if workers != 1 else ''} again: {restarts['restarts']} restart(s)"
+               f"{every} (a new epoch's iterator without persistent workers), each step "
+               f"{1e3 * restarts['median_restart_step_s']:.0f} ms against {1e3 * restarts['usual_step_s']:.0f} ms "
+               f"(the workers' start {1e3 * restarts['median_start_s']:.0f} ms, their first batch "
+               f"{1e3 * restarts['first_batch_s']:.0f} ms; the median step does not show them)")
+    return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), pct)]
+
+
 def _evaluation(passes: dict[str, Any] | None, th: ThresholdsConfig,
                 ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
     """Evaluation passes between steps: compute that trains nothing, their share of the measured time."""
-    if not passes:
+    graded = _rare_level(passes, "eval_pct", ranks, high=th.eval_high_pct, critical=100.0)
+    if graded is None:
         return []
-    pct = round(float(passes["eval_pct"]), 2)
-    severity = _level(pct, critical=100.0, high=th.eval_high_pct, medium=th.eval_high_pct / 2)
-    if severity is None:
-        return []
-    involved = tuple(r for r, v in passes["eval_pct_by_rank"].items() if v > th.eval_high_pct / 2) or ranks
+    pct, severity, involved = graded
     every = f", every {passes['every_steps']} steps" if passes.get("every_steps") else ""
     batches = passes.get("batches_per_pass")
     size = f" ({batches} batches)" if batches else ""

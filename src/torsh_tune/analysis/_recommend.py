@@ -80,6 +80,7 @@ def recommend(
         key = "gpu_util" if b.category == "computation" and "gpu_util_pct" in b.evidence else b.category
         key = "checkpoint" if b.category == "io" and "checkpoint_pct" in b.evidence else key
         key = "evaluation" if b.category == "computation" and "eval_pct" in b.evidence else key
+        key = "loader_restart" if b.category == "io" and "restart_pct" in b.evidence else key
         make = _RULES.get(key)
         if make is None:
             continue
@@ -151,10 +152,10 @@ class _Context:
         return current if isinstance(current, int) else 0
 
 
-def _gain(low: float, high: float, basis: str) -> GainRange:
+def _gain(low: float, high: float, basis: str, *, of: str = "step") -> GainRange:
     high = min(max(high, 0.0), 100.0)
     low = min(max(low, 0.0), high)
-    return GainRange(low_pct=round(low, 2), high_pct=round(high, 2), basis=basis)
+    return GainRange(low_pct=round(low, 2), high_pct=round(high, 2), basis=basis, of=of)
 
 
 def _rec(category: str, title: str, rationale: str, patch: dict[str, Any], gain: GainRange, effort: str) -> Recommendation:
@@ -212,8 +213,37 @@ def _checkpoint(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         "Trainer's save_steps",
         {},
         _gain(0.0, pct, f"the saves' {pct:.1f} % of the measured time, at most (async_save still blocks for "
-                        "the staging copy; not measured here)"),
+                        "the staging copy; not measured here)", of="measured"),
         "medium",
+    )]
+
+
+def _loader_restart(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
+    """A DataLoader that starts its workers again every epoch: keep them (persistent_workers)."""
+    ev = b.evidence
+    pct, first = float(ev["restart_pct"]), float(ev.get("first_batch_pct") or 0.0)
+    every = f" every {ev['every_steps']} steps" if ev.get("every_steps") else ""
+    built_by = str(ctx.ddp.get("built_by") or "user")
+    if built_by == "transformers":
+        where = "TrainingArguments(dataloader_persistent_workers=True)"
+    elif built_by == "lightning":
+        where = "persistent_workers=True in the DataLoader the LightningModule or DataModule returns"
+    else:
+        where = "DataLoader(..., persistent_workers=True)"
+    return [_rec(
+        "io",
+        "Keep the DataLoader's workers between epochs (persistent_workers=True)",
+        f"the loader shuts its {ev['workers']} worker process(es) down at the end of each epoch and starts new ones"
+        f"{every}: those steps take {1e3 * float(ev['median_restart_step_s']):.0f} ms against "
+        f"{1e3 * float(ev['usual_step_s']):.0f} ms, {pct:.1f} % of the measured time beyond a usual step. "
+        "Persistent workers stay alive and only get the next epoch's indices (each keeps its copy of the dataset "
+        f"in memory between epochs). Where: {where}; zero-code, the patch applies it to every DataLoader of the "
+        "script",
+        {"dataloader": {"persistent_workers": True}},
+        _gain(max(0.0, pct - first), pct,
+              f"the restart steps' {pct:.1f} % beyond a usual step; at least that less their first batch's wait "
+              f"({first:.1f} %), which the next epoch's first batch may still take", of="measured"),
+        "low",
     )]
 
 
@@ -241,7 +271,7 @@ def _evaluation(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         f"evaluation batch usually fits and runs faster per sample (not measured here). Where: {where}",
         {},
         _gain(pct / 2, pct, f"the evaluation's {pct:.1f} % of the measured time: half of it evaluating half as "
-                            "often, all of it without evaluation"),
+                            "often, all of it without evaluation", of="measured"),
         "low",
     )]
 
@@ -908,6 +938,7 @@ _RULES = {
     "io": _io,
     "checkpoint": _checkpoint,
     "evaluation": _evaluation,
+    "loader_restart": _loader_restart,
     "communication": _communication,
     "network": _network,
     "straggler": _straggler,

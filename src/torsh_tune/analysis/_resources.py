@@ -7,10 +7,11 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from ..records import PLANNED_FIELDS
 from ._types import MemoryStats, SystemStats
 
 __all__ = ["GPU_UTIL_CAVEAT", "IdleCores", "checkpoint_saves", "data_wait_by_rank", "evaluation_passes", "idle_cores",
-           "measured_windows", "memory_stats", "system_stats"]
+           "loader_restarts", "measured_windows", "memory_stats", "system_stats"]
 
 
 def data_wait_by_rank(steps: pd.DataFrame) -> dict[int, float]:
@@ -94,6 +95,84 @@ def evaluation_passes(steps: pd.DataFrame, comm: pd.DataFrame | None = None) -> 
         out["collectives_per_pass"] = int(counts.median())
         out["collective_kinds"] = [str(k) for k in kinds.value_counts(sort=True).index]
     return out
+
+
+def loader_restarts(steps: pd.DataFrame) -> dict[str, Any] | None:
+    """The measured steps in which a DataLoader started its worker processes again, and what they cost.
+
+    A loader without persistent workers shuts its workers down at the end of every epoch and starts
+    new ones with the next epoch's iterator (`StepRecord.loader_starts`). The step that does it is
+    slow for more than the start itself (`loader_restart_s`): the new workers' first batch, and on a
+    busy host their start-up competing with the step for cores. Its cost is what it takes beyond the
+    rank's usual step (the median of its steps with nothing planned in them), its evaluation pass and
+    checkpoint saves left out; per rank, the rank that lost most. The run's first iterator is no
+    restart: it starts in the warm-up.
+
+    Returns:
+        None without a restart in the measured steps; else restart_pct (the worst rank's excess over its
+        measured time), restart_pct_by_rank, rank, restarts (its steps with one), workers (worker processes
+        per restart, median), every_steps (median gap between restarts, None for one), median_restart_step_s
+        (those steps less their planned parts), usual_step_s, median_start_s (`loader_restart_s`),
+        first_batch_s (the restart steps' median data wait), excess_s (total), first_batch_pct (their data
+        wait over the measured time, at most the excess) and measured_s.
+
+    Example:
+        >>> steps = pd.DataFrame({"rank": [0] * 6, "step": range(1, 7), "step_s": [0.1, 0.1, 0.4, 0.1, 0.1, 0.4],
+        ...                       "data_s": [0.0, 0.0, 0.1, 0.0, 0.0, 0.1],
+        ...                       "loader_restart_s": [None, None, 0.05, None, None, 0.05],
+        ...                       "loader_starts": [None, None, 2, None, None, 2]})
+        >>> r = loader_restarts(steps)
+        >>> round(r["restart_pct"], 1), r["restarts"], r["every_steps"], r["workers"], round(r["first_batch_pct"], 1)
+        (50.0, 2, 3, 2, 16.7)
+    """
+    if steps.empty or "loader_starts" not in steps:
+        return None
+    starts = pd.to_numeric(steps["loader_starts"], errors="coerce").fillna(0.0)
+    if not (starts > 0).any():
+        return None
+    step_s = pd.to_numeric(steps["step_s"], errors="coerce")
+    if "host_step_s" in steps:  # device-clock records: the host's step, the clock of the planned fields
+        step_s = pd.to_numeric(steps["host_step_s"], errors="coerce").fillna(step_s)
+    step_s = step_s.fillna(0.0)
+    aside = pd.Series(0.0, index=steps.index)  # an evaluation or a save in the same step: findings of their own
+    planned = pd.Series(False, index=steps.index)
+    for col in PLANNED_FIELDS.values():
+        if col in steps:
+            spent = pd.to_numeric(steps[col], errors="coerce").fillna(0.0)
+            planned |= spent > 0
+            if col != "loader_restart_s":
+                aside += spent
+    data_s = pd.to_numeric(steps["data_s"], errors="coerce").fillna(0.0) if "data_s" in steps else aside * 0.0
+    by_rank: dict[int, dict[str, Any]] = {}
+    for rank, idx in steps.groupby("rank").groups.items():
+        usual = step_s[idx][~planned[idx]]
+        at = idx[(starts[idx] > 0).to_numpy()]
+        if usual.empty or at.empty:
+            continue
+        usual_s = float(usual.median())
+        own = (step_s[at] - aside[at]).clip(lower=0.0)
+        excess = (own - usual_s).clip(lower=0.0)
+        measured_s = float(step_s[idx].sum())
+        by_rank[int(rank)] = {"at": at, "own": own, "excess": excess, "usual_s": usual_s, "measured_s": measured_s,
+                              "pct": 100.0 * float(excess.sum()) / measured_s if measured_s > 0 else 0.0}
+    if not by_rank:
+        return None
+    worst = max(by_rank, key=lambda r: by_rank[r]["pct"])
+    w = by_rank[worst]
+    at = sorted(int(s) for s in steps.loc[w["at"], "step"])
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    first = data_s[w["at"]].clip(upper=w["excess"])  # the new workers' first batch, within the excess
+    return {
+        "restart_pct": w["pct"], "restart_pct_by_rank": {r: round(v["pct"], 2) for r, v in sorted(by_rank.items())},
+        "rank": worst, "restarts": len(at), "workers": int(starts[w["at"]].median()),
+        "every_steps": int(pd.Series(gaps).median()) if gaps else None,
+        "median_restart_step_s": float(w["own"].median()), "usual_step_s": w["usual_s"],
+        "median_start_s": float(pd.to_numeric(steps.loc[w["at"], "loader_restart_s"], errors="coerce").fillna(0.0)
+                                .median()) if "loader_restart_s" in steps else 0.0,
+        "first_batch_s": float(data_s[w["at"]].median()), "excess_s": float(w["excess"].sum()),
+        "first_batch_pct": 100.0 * float(first.sum()) / w["measured_s"] if w["measured_s"] > 0 else 0.0,
+        "measured_s": w["measured_s"],
+    }
 
 
 class _RareShare(NamedTuple):

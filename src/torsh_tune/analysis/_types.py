@@ -57,11 +57,13 @@ SELF_CHECK_METRICS = (
 
 @dataclass(frozen=True, kw_only=True)
 class GainRange:
-    """Expected saving of a change, as % of the median step time."""
+    """Expected saving of a change, as % of the median step time or, for what the median step never shows
+    (a checkpoint save, an evaluation pass, a DataLoader's restart), of the measured steps' total time."""
 
     low_pct: float
     high_pct: float
     basis: str  # the measured quantity that bounds it, in words
+    of: str = "step"  # "step": % of the median step; "measured": % of the measured time
 
 
 @dataclass(frozen=True, kw_only=True)

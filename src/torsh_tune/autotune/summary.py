@@ -308,7 +308,7 @@ def _profile(profile_run: str | os.PathLike[str] | None) -> dict[str, Any] | Non
     for r in doc.get("recommendations", [])[:3]:
         g = r.get("expected_gain") or {}
         recs.append({"title": r.get("title", ""), "config_patch": r.get("config_patch", {}),
-                     "gain": _gain(g.get("low_pct", 0.0), g.get("high_pct", 0.0))})
+                     "gain": _gain(g.get("low_pct", 0.0), g.get("high_pct", 0.0), g.get("of", "step"))})
     return {
         "run_dir": str(profile_run),
         "report": str(report.with_suffix(".md")),
@@ -320,5 +320,6 @@ def _profile(profile_run: str | os.PathLike[str] | None) -> dict[str, Any] | Non
 
 # -- formatting ----------------------------------------------------------------------------------
 
-def _gain(low: float, high: float) -> str:
-    return f"{high:.3g} % of the step" if low == high else f"{low:.3g}–{high:.3g} % of the step"
+def _gain(low: float, high: float, of: str = "step") -> str:
+    whole = "the measured time" if of == "measured" else "the step"  # `GainRange.of`
+    return f"{high:.3g} % of {whole}" if low == high else f"{low:.3g}–{high:.3g} % of {whole}"

@@ -191,6 +191,17 @@ class StepTracker:
             self.phases.append(("checkpoint", t0, t1, None, None))
             self.unusual = True
 
+    def on_loader(self, t0: float, t1: float, workers: int) -> None:
+        """The training thread started a DataLoader iterator's `workers` processes (a new epoch's iterator of a
+        loader without persistent workers) or, with `workers` 0, shut an exhausted iterator's down (host clock).
+
+        Its step is slow for a known cause, a finding of its own (`StepRecord.loader_restart_s`): no anomaly.
+        """
+        if self.idle:
+            self.mark_activity(t0)
+        self.phases.append(("loader", t0, t1, workers, None))
+        self.unusual = True
+
     def next_comm(self) -> tuple[int, int]:
         """(step, seq) for a collective issued now."""
         seq = self._comm_seq
@@ -344,29 +355,44 @@ class StepTracker:
 
     def _record_of(self, entry: dict[str, Any]) -> dict[str, Any]:
         """The StepRecord of a closed step, from its times and phase events (host clock)."""
-        sums = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0, "checkpoint": 0.0}
-        samples = loader_samples = forwards = backwards = 0
+        sums = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0, "checkpoint": 0.0, "loader": 0.0}
+        samples = loader_samples = forwards = backwards = started = 0
         loss = None
         marks = []
-        # A batch is the next forward's: an evaluation forward's batches are the pass's, not data wait.
-        fetched: list[tuple[float, float, int]] = []
+        # A batch is the next forward's: an evaluation forward's batches are the pass's, not data wait. So is a
+        # DataLoader iterator's start (workers > 0) before them: the evaluation's loader, or the training's.
+        # (t0, t1, samples, workers started or None for a batch)
+        fetched: list[tuple[float, float, int, int | None]] = []
+        after_eval = False  # the last phase was an evaluation forward: an iterator shut down now is the pass's
         passes: list[tuple[float, float, int, Any]] = []  # (t0, t1, samples or -1 for a fetch, start event)
         trained: list[tuple[float, float]] = []  # every other span: what ran between an evaluation's forwards
         resumed: list[float] = []  # the trained module back in train mode (`on_training_mode`)
         for phase, t0, t1, value, events in entry["ev"]:
             if phase == "data":
-                fetched.append((t0, t1, value))
+                fetched.append((t0, t1, value, None))
+                continue
+            if phase == "loader":
+                if value:  # a start: like a batch, the next forward's (the evaluation's loader, or the training's)
+                    fetched.append((t0, t1, 0, value))
+                elif after_eval:  # the evaluation loader's workers, shut down after its last batch
+                    passes.append((t0, t1, -1, None))
+                else:  # the training loader's, at the end of its epoch (before an evaluation or the next epoch)
+                    sums["loader"] += t1 - t0
+                    trained.append((t0, t1))
                 continue
             if phase == "resume":
                 resumed.append(t0)
                 continue
+            after_eval = phase == "eval"
             if phase == "eval":
-                passes += [(d0, d1, -1, None) for d0, d1, _ in fetched]
+                passes += [(d0, d1, -1, None) for d0, d1, _, _ in fetched]
                 passes.append((t0, t1, value, events[0] if events is not None else None))
                 fetched = []
                 continue
             if phase == "forward":
-                loader_samples += self._fetched_for_training(fetched, sums, trained)
+                n, workers = self._fetched_for_training(fetched, sums, trained)
+                loader_samples += n
+                started += workers
                 fetched = []
                 samples += value
                 forwards += 1
@@ -380,7 +406,9 @@ class StepTracker:
                     loss = value
             marks.append((phase, t0, t1, *(events or (None, None))))
         # Fetched for a forward of the next step, or before the forward was probed.
-        loader_samples += self._fetched_for_training(fetched, sums, trained)
+        n, workers = self._fetched_for_training(fetched, sums, trained)
+        loader_samples += n
+        started += workers
         entry["marks"], entry["loss"] = marks, loss
         step, t_start, t_end = entry["step"], entry["t_start"], entry["t_end"]
         entry["record"] = record = {
@@ -405,6 +433,10 @@ class StepTracker:
         }
         if sums["checkpoint"] > 0:
             record["checkpoint_s"] = sums["checkpoint"]
+        if sums["loader"] > 0:
+            record["loader_restart_s"] = sums["loader"]
+        if started:
+            record["loader_starts"] = started
         if passes:
             record.update(_evaluation(passes, trained))
             entry["eval_events"] = [e[3] for e in passes if e[3] is not None]
@@ -420,13 +452,19 @@ class StepTracker:
         return record
 
     @staticmethod
-    def _fetched_for_training(fetched: list[tuple[float, float, int]], sums: dict[str, float],
-                              trained: list[tuple[float, float]]) -> int:
-        """Add training batches' fetches to the data wait; returns their samples."""
-        for d0, d1, _ in fetched:
-            sums["data"] += d1 - d0
+    def _fetched_for_training(fetched: list[tuple[float, float, int, int | None]], sums: dict[str, float],
+                              trained: list[tuple[float, float]]) -> tuple[int, int]:
+        """Add training batches' fetches to the data wait, its iterators' starts and shut-downs to the loader's
+        time; returns (their samples, the worker processes started)."""
+        workers = 0
+        for d0, d1, _, started in fetched:
+            if started is None:
+                sums["data"] += d1 - d0
+            else:
+                sums["loader"] += d1 - d0
+                workers += started
             trained.append((d0, d1))
-        return sum(n for _, _, n in fetched)
+        return sum(n for _, _, n, _ in fetched), workers
 
     def _finalize(self, entry: dict[str, Any]) -> None:
         record, comm = self._record_of(entry), entry["comm"]

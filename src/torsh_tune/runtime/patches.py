@@ -296,7 +296,12 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         if windows is not None and windows.pending is not None:  # a compiled optimizer step's boundary
             windows.run_pending()
         t0 = perf()
-        batch = original_next(self)
+        try:
+            batch = original_next(self)
+        except StopIteration:  # the epoch's end: an iterator without persistent workers shuts its workers down
+            if self._num_workers and not self._persistent_workers:
+                tracker.on_loader(t0 + off, perf() + off, 0)
+            raise
         t1 = perf()
         n = _batch_size(batch)
         if tracker.idle:
@@ -312,6 +317,22 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
         return batch
 
     _BaseDataLoaderIter.__next__ = __next__
+
+    # A new iterator over a loader with workers starts their processes (every epoch, unless the loader keeps
+    # them: persistent_workers); a persistent loader's later epochs only reset its iterator, which is not timed.
+    original_get = DataLoader._get_iterator
+
+    @functools.wraps(original_get)
+    def _get_iterator(self: DataLoader) -> _BaseDataLoaderIter:
+        workers = self.num_workers
+        if not workers:
+            return original_get(self)
+        t0 = perf()
+        it = original_get(self)
+        tracker.on_loader(t0 + off, perf() + off, int(workers))
+        return it
+
+    DataLoader._get_iterator = _get_iterator
 
 
 def _record_loader(rt: "RankRuntime", it: _BaseDataLoaderIter) -> None:

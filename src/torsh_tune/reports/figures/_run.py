@@ -72,6 +72,7 @@ PHASE_COLORS = {
     "other": "#999999",
     "evaluation": "#CC79A7",
     "checkpoint": "#F0E442",
+    "loader": "#000000",
 }
 
 
