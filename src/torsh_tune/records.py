@@ -88,6 +88,10 @@ class StepRecord:
     # workers' first one included). An evaluation loader's are its pass's. Absent: none.
     loader_restart_s: float | None = None
     loader_starts: int | None = None  # worker processes those starts launched; absent: none
+    # The probed DDP model's forwards in this step whose backward all-reduced the gradients (outside
+    # `no_sync`), when more than one: gradient accumulation that synchronizes every micro-batch. Each of
+    # those all-reduces has its CommRecord (DDP's builtin all-reduce: read at the forward after it). Absent: 0 or 1.
+    ddp_syncs: int | None = None
     # The step inside a deep-trace window: "recorded" (the profiler recorded it, which slows it) or "warmup"
     # (the step the window's profiler started in, before recording). Absent: no window. The analysis leaves
     # these steps out of the step statistics where enough others remain (`analysis.measured`).

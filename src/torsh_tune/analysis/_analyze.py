@@ -13,7 +13,7 @@ from ..fabric import load_model
 from ._advice import strategy_advice
 from ._alerts import find_alerts
 from ._bottlenecks import diagnose
-from ._comm import comm_stats
+from ._comm import comm_stats, redundant_syncs
 from ._load import load_run
 from ._recommend import recommend
 from ._resources import (checkpoint_saves, data_wait_by_rank, evaluation_passes, loader_restarts, memory_stats,
@@ -83,6 +83,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     saves = guarded("checkpoint analysis", lambda: checkpoint_saves(rare), None)
     passes = guarded("evaluation analysis", lambda: evaluation_passes(rare, frames.comm), None)
     restarts = guarded("DataLoader restart analysis", lambda: loader_restarts(rare), None)
+    syncs = guarded("DDP all-reduces per step", lambda: redundant_syncs(steps), None)
     if st is None:
         warnings.append("no step records: step statistics, breakdown and bottlenecks are unavailable")
 
@@ -91,7 +92,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
     bottlenecks = guarded("diagnosis", lambda: diagnose(
         breakdown=bd, comm=cm, stragglers=sg, memory=mem, system=sysst, data_wait_by_rank=waits,
         pipeline=pipeline, world_size=frames.world_size, thresholds=th, checkpoint=saves,
-        evaluation=passes, loader_restarts=restarts,
+        evaluation=passes, loader_restarts=restarts, redundant_syncs=syncs,
         reference_busbw_gbps=float(ref) if isinstance(ref, (int, float)) and ref > 0 else None,
         reference_busbw_at=_bench_busbw_at(frames.info, warnings),
         host_cores_per_rank=_host_cores_per_rank(frames.info, frames.config, frames.world_size),

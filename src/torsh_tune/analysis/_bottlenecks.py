@@ -49,6 +49,7 @@ def diagnose(
     checkpoint: dict[str, Any] | None = None,
     evaluation: dict[str, Any] | None = None,
     loader_restarts: dict[str, Any] | None = None,
+    redundant_syncs: dict[str, Any] | None = None,
 ) -> tuple[Bottleneck, ...]:
     """Apply the bottleneck rules to a run's statistics.
 
@@ -87,6 +88,9 @@ def diagnose(
         loader_restarts: the measured steps' DataLoader worker restarts (`loader_restarts`): an `io` finding
             (evidence `restart_pct`) when the steps that make them take more than half of `io_high_pct` of the
             measured time beyond a usual step.
+        redundant_syncs: DDP all-reducing after every micro-batch of a step (`redundant_syncs`): a
+            `communication` finding (evidence `redundant_exposed_pct`), graded by the redundant all-reduces'
+            exposure (medium from half of `comm_high_pct` of the median step, else low).
 
     Returns:
         Bottlenecks, most severe first (ties: larger share of the step first).
@@ -112,6 +116,7 @@ def diagnose(
     found += _checkpoint(checkpoint, th, all_ranks)
     found += _evaluation(evaluation, th, all_ranks)
     found += _loader_restarts(loader_restarts, th, all_ranks)
+    found += _redundant_syncs(redundant_syncs, th, all_ranks)
     found += _memory(memory, th)
     found += _gpu_util(system, pct, th, all_ranks)
     found += _pipeline(pipeline, th, all_ranks)
@@ -419,6 +424,24 @@ def _loader_restarts(restarts: dict[str, Any] | None, th: ThresholdsConfig,
                f"(the workers' start {1e3 * restarts['median_start_s']:.0f} ms, their first batch "
                f"{1e3 * restarts['first_batch_s']:.0f} ms; the median step does not show them)")
     return [(Bottleneck(category="io", severity=severity, ranks=involved, evidence=evidence, message=message), pct)]
+
+
+def _redundant_syncs(syncs: dict[str, Any] | None, th: ThresholdsConfig,
+                     ranks: tuple[int, ...]) -> list[tuple[Bottleneck, float]]:
+    """Gradient accumulation whose every micro-batch all-reduces: all but the last all-reduce are redundant."""
+    if not syncs:
+        return []
+    pct = round(float(syncs["redundant_exposed_pct"]), 2)
+    # Sent for nothing, and removed without changing the results: a finding whatever its size.
+    severity = _level(pct, critical=th.comm_critical_pct, high=th.comm_high_pct, medium=th.comm_high_pct / 2) or "low"
+    n, k = syncs["syncs_per_step"], syncs["microbatches_per_step"]
+    evidence = {"redundant_exposed_pct": pct, "syncs_per_step": n, "microbatches_per_step": k,
+                "backward_exposed_pct": round(float(syncs["backward_exposed_pct"]), 2), "step_s": syncs["step_s"],
+                "threshold_high_pct": th.comm_high_pct}
+    message = (f"DDP all-reduces the gradients {n} times per step, after each of its {k} micro-batches (no "
+               f"no_sync): {n - 1} of them are redundant, {pct:.1f} % of the step exposed")
+    return [(Bottleneck(category="communication", severity=severity, ranks=ranks, evidence=evidence,
+                        message=message), pct)]
 
 
 def _evaluation(passes: dict[str, Any] | None, th: ThresholdsConfig,

@@ -11,7 +11,7 @@ from ..fabric import bus_factor
 from ._steps import comm_timed
 from ._types import CommStats
 
-__all__ = ["aligned_collectives", "bus_factor", "comm_stats"]
+__all__ = ["aligned_collectives", "bus_factor", "comm_stats", "redundant_syncs"]
 
 def aligned_collectives(comm: pd.DataFrame) -> pd.DataFrame:
     """Comm records with the cross-rank split of each collective's duration.
@@ -190,3 +190,41 @@ def _ddp_logging(meta: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         if isinstance(data, dict) and data:
             return dict(data)
     return None
+
+
+def redundant_syncs(steps: pd.DataFrame) -> dict[str, Any] | None:
+    """DDP all-reducing the gradients after every micro-batch of a step (accumulation outside `no_sync`).
+
+    Accumulating over k micro-batches needs one all-reduce per step, of the summed gradients, after
+    the last backward (DDP's `no_sync` around the others); every earlier one is the same bytes sent
+    for nothing. Over the measured steps whose communication was timed: the median all-reduces per
+    step (`StepRecord.ddp_syncs`, absent for at most one) and what their exposure (in the backward)
+    takes of the median step; (syncs - 1) / syncs of it is the redundant ones'.
+
+    Returns:
+        None unless the median step all-reduced more than once; else syncs_per_step, microbatches_per_step
+        (medians), backward_exposed_pct (the backward's exposed communication, % of the median step),
+        redundant_exposed_pct, step_s (median) and steps (those counted).
+
+    Example:
+        >>> steps = pd.DataFrame({"rank": [0, 0], "step": [1, 2], "step_s": [0.2, 0.2], "num_microbatches": [4, 4],
+        ...                       "ddp_syncs": [4, 4], "backward_exposed_comm_s": [0.08, 0.08]})
+        >>> r = redundant_syncs(steps)
+        >>> r["syncs_per_step"], round(r["redundant_exposed_pct"], 1)
+        (4, 30.0)
+    """
+    if steps.empty or "ddp_syncs" not in steps:
+        return None
+    timed = comm_timed(steps)
+    syncs = pd.to_numeric(timed["ddp_syncs"], errors="coerce").fillna(1.0)
+    n = int(syncs.median())
+    if n <= 1:
+        return None
+    step_s = float(pd.to_numeric(timed["step_s"], errors="coerce").median())
+    exposed = (float(pd.to_numeric(timed["backward_exposed_comm_s"], errors="coerce").fillna(0.0).median())
+               if "backward_exposed_comm_s" in timed else 0.0)
+    pct = 100.0 * exposed / step_s if step_s > 0 else 0.0
+    return {"syncs_per_step": n, "microbatches_per_step": int(pd.to_numeric(timed["num_microbatches"],
+                                                                             errors="coerce").median()),
+            "backward_exposed_pct": pct, "redundant_exposed_pct": pct * (n - 1) / n, "step_s": step_s,
+            "steps": int(len(timed))}

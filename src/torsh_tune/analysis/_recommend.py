@@ -74,21 +74,28 @@ def recommend(
         ...     print(rec.priority, rec.title, rec.config_patch)
     """
     ctx = _Context(info or {}, config or {}, meta or {}, world_size)
-    drafts: list[tuple[int, Recommendation]] = []
+    drafts: list[tuple[int, int, Recommendation]] = []
+    # Redundant all-reduces (accumulation outside no_sync) are part of the exposed communication the
+    # general finding grades, and their fix is lossless and changes what compression or bucket sizing
+    # would gain: it comes first, at that finding's severity if higher.
+    comm_level = min((SEVERITIES.index(b.severity) for b in bottlenecks if b.category == "communication"),
+                     default=len(SEVERITIES))
     for b in bottlenecks:
         # Low GPU utilisation is a computation bottleneck with its own remedies.
         key = "gpu_util" if b.category == "computation" and "gpu_util_pct" in b.evidence else b.category
         key = "checkpoint" if b.category == "io" and "checkpoint_pct" in b.evidence else key
         key = "evaluation" if b.category == "computation" and "eval_pct" in b.evidence else key
         key = "loader_restart" if b.category == "io" and "restart_pct" in b.evidence else key
+        key = "redundant_sync" if b.category == "communication" and "redundant_exposed_pct" in b.evidence else key
         make = _RULES.get(key)
         if make is None:
             continue
+        level, first = SEVERITIES.index(b.severity), key == "redundant_sync"
         for rec in make(b, ctx):
-            drafts.append((SEVERITIES.index(b.severity), rec))
-    drafts.sort(key=lambda item: (item[0], -item[1].expected_gain.high_pct))
+            drafts.append((min(level, comm_level) if first else level, 0 if first else 1, rec))
+    drafts.sort(key=lambda item: (item[0], item[1], -item[2].expected_gain.high_pct))
     out = []
-    for i, (_, rec) in enumerate(drafts, start=1):
+    for i, (_, _, rec) in enumerate(drafts, start=1):
         out.append(Recommendation(priority=i, category=rec.category, title=rec.title, rationale=rec.rationale,
                                   config_patch=rec.config_patch, expected_gain=rec.expected_gain,
                                   effort=rec.effort, verified_by=rec.verified_by))
@@ -243,6 +250,24 @@ def _loader_restart(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         _gain(max(0.0, pct - first), pct,
               f"the restart steps' {pct:.1f} % beyond a usual step; at least that less their first batch's wait "
               f"({first:.1f} %), which the next epoch's first batch may still take", of="measured"),
+        "low",
+    )]
+
+
+def _redundant_sync(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
+    """Gradient accumulation that all-reduces every micro-batch: DDP's no_sync around all but the last."""
+    ev = b.evidence
+    pct, n = float(ev["redundant_exposed_pct"]), int(ev["syncs_per_step"])
+    return [_rec(
+        "communication",
+        f"All-reduce once per step, not after each of the {n} micro-batches (DDP's no_sync)",
+        f"every backward of the step all-reduces the gradients so far; accumulation needs only the last one, of "
+        f"their sum. Run the other {n - 1} backwards inside `with model.no_sync():` (Accelerate: "
+        "`with accelerator.accumulate(model):`; the Hugging Face Trainer and Lightning do it themselves): the "
+        f"step sends the gradients once instead of {n} times and the results are the same",
+        {},
+        _gain(pct, pct, f"the backward's exposed communication {float(ev['backward_exposed_pct']):.1f} % of the step, "
+                        f"{n - 1} of its {n} all-reduces' share"),
         "low",
     )]
 
@@ -939,6 +964,7 @@ _RULES = {
     "checkpoint": _checkpoint,
     "evaluation": _evaluation,
     "loader_restart": _loader_restart,
+    "redundant_sync": _redundant_sync,
     "communication": _communication,
     "network": _network,
     "straggler": _straggler,

@@ -265,7 +265,8 @@ def comm_basis(comm: pd.DataFrame, rank: int, steps: list[int]) -> str:
 
     "collectives": one record per collective (the c10d capture; DDP buckets under a Python
     comm hook, `profiler.comm_hook_timing` included). "DDP reducer window": DDP's builtin
-    all-reduce, one record per step from the reducer's own timers, which open when its
+    all-reduce, one record per all-reduce (per step, unless a step's every micro-batch synchronizes:
+    `StepRecord.ddp_syncs`) from the reducer's own timers, which open when its
     first bucket is issued and close at the end of its finalize: after the wait for the
     last bucket and the copies of every bucket back into the gradients. Both, joined by
     " + ", when a step has both; "none" without records.
@@ -524,7 +525,7 @@ def _why(metric: str, row: dict[str, Any], trace_value: float) -> str:
     a GPU timeline shows (seen on an H100)."""
     if row["trace_clock"] != "device":
         if metric == "comm" and row["comm_diff_pp"] > 0 and REDUCER_WINDOW in str(row.get("always_on_comm_basis")):
-            return ("; DDP's builtin all-reduce is timed by its reducer, one window per step from its first bucket's "
+            return ("; DDP's builtin all-reduce is timed by its reducer, one window per all-reduce from its first bucket's "
                     "issue to the end of its finalize: the copies of the buckets back into the gradients and, on a "
                     "busy host, gloo's wait for a core before it starts a bucket are inside it, and the trace counts "
                     "the gloo worker's spans; profiler.comm_hook_timing = true (--comm-hook-timing) times every bucket "

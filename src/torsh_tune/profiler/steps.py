@@ -92,6 +92,12 @@ class StepTracker:
         # DDP's iteration (1-based sync forwards) minus the step (RankRuntime.ddp_step_comm learns it):
         # past the detailed steps DDP collects its timers at iterations that are multiples of k.
         self.ddp_offset = 1
+        # DDP forwards of this step (and of the one before) whose backward all-reduces (outside `no_sync`):
+        # more than one is gradient accumulation that synchronizes every micro-batch. DDP reports a
+        # forward's timers at the model's next forward, so each of those all-reduces is read there
+        # (`ddp_snapshots`: (step, the reducer's timers)), not once at the step's end (`ddp_sync_read`).
+        self.ddp_syncs = self.prev_ddp_syncs = 0
+        self.ddp_snapshots: list[tuple[int, dict[str, int]]] = []
         # Set once the run is known to train on CUDA: phases and NCCL collectives become device time.
         self.device_events: DeviceEvents | None = None
         # At each step's end, before its collectives are collected: hands on the asynchronous NCCL
@@ -233,6 +239,8 @@ class StepTracker:
         if self.step_comm is not None:
             k = self.ddp_timers_every
             entry["read_timers"] = detailed or k == 1 or (step + self.ddp_offset) % k == 0
+            if self.ddp_syncs > 1:
+                entry["ddp_syncs"] = self.ddp_syncs
         # Detailed steps and device-clock ones are finalized at once; the others in batches, whose
         # one peak-memory read fills every record of the batch (`_write_ready`).
         events = self.device_events
@@ -247,13 +255,14 @@ class StepTracker:
         queue = self._queue
         queue.append(entry)
         if len(queue) > 1 and self.step_comm is not None:
-            self._read_ddp_timers(queue[-2])
+            self._read_ddp_timers(queue[-2], overwritten="ddp_syncs" in entry)
         if not batched or len(queue) > FINALIZE_EVERY or t_end - queue[0]["t_end"] >= FINALIZE_AFTER_S:
             self._collect_comm()
             self._write_ready()
         self.step = step = step + 1
         self.loss_due = step % self._loss_every == 0
         self.last_unusual, self.unusual = self.unusual, False
+        self.prev_ddp_syncs, self.ddp_syncs = self.ddp_syncs, 0
         self._t_start = t_end
         self.tokens = 0
         self.phases = []
@@ -263,10 +272,32 @@ class StepTracker:
         """Whether `step` (the current one, or the next after a step boundary) has every DDP timer read."""
         return step < self._detailed_until or (self.traces is not None and self.traces.recording)
 
-    def _read_ddp_timers(self, entry: dict[str, Any]) -> None:
-        """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them."""
+    def ddp_sync_read(self, step: int) -> bool:
+        """At a probed DDP forward: whether the timers DDP just reported are an all-reduce of `step` to keep.
+
+        Only in a step with more than one (this one after its first sync, or the one before at this
+        step's first forward), and where DDP collects its timers at every iteration (the detailed
+        steps, or `ddp_timers_every` 1): elsewhere such a step's communication is not timed.
+        """
+        return self.ddp_timers_every == 1 or self.detailed(step)
+
+    def _read_ddp_timers(self, entry: dict[str, Any], *, overwritten: bool = False) -> None:
+        """The DDP timers of `entry` (the step before the newest), read now: DDP's next report replaces them.
+
+        A step whose DDP all-reduced after several micro-batches takes the timers read at the forwards
+        that reported them (`ddp_snapshots`), one record per all-reduce. `overwritten`: the newest step
+        did so, and its later forwards replaced this step's report (a step before the counting began).
+        """
         if entry.get("read_timers") and "ddp" not in entry and self.step_comm is not None:
-            entry["ddp"] = got = self.step_comm(entry["step"], self._comm_seq, read=True)
+            step = entry["step"]
+            syncs = entry.get("ddp_syncs")
+            if syncs:
+                snaps = [d for s, d in self.ddp_snapshots if s == step]
+                self.ddp_snapshots = [(s, d) for s, d in self.ddp_snapshots if s > step]
+                got = self.step_comm(step, self._comm_seq, read=True, snapshots=snaps, syncs=syncs)
+            else:
+                got = self.step_comm(step, self._comm_seq, read=not overwritten)
+            entry["ddp"] = got
             self._comm_seq += len(got[0])
 
     def _collect_comm(self) -> None:
@@ -437,6 +468,8 @@ class StepTracker:
             record["loader_restart_s"] = sums["loader"]
         if started:
             record["loader_starts"] = started
+        if entry.get("ddp_syncs"):
+            record["ddp_syncs"] = entry["ddp_syncs"]
         if passes:
             record.update(_evaluation(passes, trained))
             entry["eval_events"] = [e[3] for e in passes if e[3] is not None]

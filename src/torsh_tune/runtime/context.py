@@ -70,6 +70,10 @@ class RankRuntime:
         self.tracker.step_comm = self.ddp_step_comm
         self.tracker.ddp_timers_every = config.profiler.ddp_timers_every
         self._ddp_rate, self._detailed = 1, True  # DDP's runtime-stats sample rate set on the builtin models
+        # The one DDP model with the builtin all-reduce whose forward is probed (the probed module: DDP, or the
+        # compiled wrapper around it), and its meta: its all-reduces per step are counted (`_ddp_forward`).
+        self._sync_ddp: tuple[Any, dict[str, Any]] | None = None
+        self._sync_root: Any = None
         self.meta: dict[str, Any] = {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -305,13 +309,27 @@ class RankRuntime:
                 module.register_forward_hook(self.forward_post_hook)
         self.save_meta()
 
+    def count_ddp_syncs(self, roots: list[Any]) -> None:
+        """Count the all-reduces per step of the one DDP model with the builtin all-reduce whose forward is a
+        probed root's (DDP itself, or the `torch.compile` wrapper around it); with several, none is counted."""
+        found = []
+        for root in roots:
+            inner = root.__dict__.get("_modules", {}).get("_orig_mod") if _compiled_root(root) else root
+            for model, info in zip(self.ddp_models, self.meta.get("ddp_models", [])):
+                if model is inner and model.__dict__.get("_torsh_timed_hook") is None:
+                    found.append((root, model, info))
+        if len(found) == 1:
+            self._sync_root, model, info = found[0]
+            self._sync_ddp = (model, info)
+
     def on_comm_hook(self, model: Any, name: str) -> None:
         for info, m in zip(self.meta.get("ddp_models", []), self.ddp_models):
             if m is model:
                 info["comm_hook"] = name
         self.save_meta()
 
-    def ddp_step_comm(self, step: int, seq: int, *, read: bool = True) -> tuple[list[dict[str, Any]], float, bool]:
+    def ddp_step_comm(self, step: int, seq: int, *, read: bool = True, snapshots: list[dict[str, int]] | None = None,
+                      syncs: int = 0) -> tuple[list[dict[str, Any]], float, bool]:
         """One CommRecord per DDP model whose buckets are not timed by a Python hook.
 
         PyTorch's C++ all-reduce stays in place for those models; DDP's own runtime timers
@@ -321,7 +339,14 @@ class RankRuntime:
         forward: a step that is not sampled is not timed, nor one whose timers are not read
         (`read=False`: a run's last step, and on CPU the steps `profiler.ddp_timers_every`
         skips). Returns (records, exposed comm s, whether every such model's comm was timed).
+
+        A step whose model all-reduced after each of its `syncs` (> 1) micro-batches (accumulation
+        outside `no_sync`) has one record per all-reduce, from the timers read at the forward that
+        reported each (`snapshots`, `StepTracker.ddp_sync_read`), and their exposures add up; with
+        fewer distinct ones than `syncs` (DDP did not collect them all) its communication is not timed.
         """
+        if syncs:
+            return self._ddp_sync_comm(step, seq, snapshots or [], syncs)
         records, exposed = [], 0.0
         # Our attributes on a model are read from its __dict__: `getattr(model, name, None)` on a name
         # never set goes through Module.__getattr__, which formats and raises an AttributeError (every step).
@@ -351,19 +376,38 @@ class RankRuntime:
                 self.tracker.ddp_offset = int(data["iteration"]) - step
             t_issue, t_complete = start / 1e9, end / 1e9
             exposed = max(exposed, _ddp_exposed(data, t_issue, t_complete, on_cuda=self.on_cuda))
-            shared = model.__dict__.get("_torsh_comm_fields")
-            if shared is None:
-                group = self.collectives.group_of(model.process_group) if self.collectives is not None else {}
-                shared = model._torsh_comm_fields = SharedFields({
-                    "rank": self.rank, "bucket": -1, "collective": "all_reduce", "hook": "builtin", "issuer": "ddp",
-                    "num_tensors": info["num_param_tensors"], "clock": "device" if self.on_cuda else "host",
-                    "async_op": True, **group})
-            nbytes = info["param_bytes"]
-            records.append({
-                "_s": shared, "step": step, "seq": seq + len(records), "bytes": nbytes, "wire_bytes": nbytes,
-                "grad_bytes": nbytes, "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue,
-            })
+            records.append(self._ddp_record(model, info, step, seq + len(records), t_issue, t_complete))
         return records, max(0.0, exposed), timed
+
+    def _ddp_record(self, model: Any, info: dict[str, Any], step: int, seq: int, t_issue: float,
+                    t_complete: float) -> dict[str, Any]:
+        """The CommRecord of one builtin all-reduce of `model`'s gradients, from its reducer's timers."""
+        shared = model.__dict__.get("_torsh_comm_fields")
+        if shared is None:
+            group = self.collectives.group_of(model.process_group) if self.collectives is not None else {}
+            shared = model._torsh_comm_fields = SharedFields({
+                "rank": self.rank, "bucket": -1, "collective": "all_reduce", "hook": "builtin", "issuer": "ddp",
+                "num_tensors": info["num_param_tensors"], "clock": "device" if self.on_cuda else "host",
+                "async_op": True, **group})
+        nbytes = info["param_bytes"]
+        return {"_s": shared, "step": step, "seq": seq, "bytes": nbytes, "wire_bytes": nbytes, "grad_bytes": nbytes,
+                "t_issue": t_issue, "t_complete": t_complete, "duration_s": t_complete - t_issue}
+
+    def _ddp_sync_comm(self, step: int, seq: int, snapshots: list[dict[str, int]],
+                       syncs: int) -> tuple[list[dict[str, Any]], float, bool]:
+        """A step of the probed DDP model (`_sync_ddp`) that all-reduced after each of `syncs` micro-batches."""
+        model, info = self._sync_ddp
+        windows = []
+        for data in snapshots:
+            start, end = data.get("backward_comm_time_start"), data.get("backward_comm_time_end")
+            if start and end and (start, end) != model.__dict__.get("_torsh_last_comm"):
+                model._torsh_last_comm = (start, end)
+                windows.append((data, start / 1e9, end / 1e9))
+        if len(windows) < syncs:  # an iteration DDP did not collect: the step's communication is unknown
+            return [], 0.0, False
+        records = [self._ddp_record(model, info, step, seq + i, t0, t1) for i, (_, t0, t1) in enumerate(windows)]
+        exposed = sum(_ddp_exposed(data, t0, t1, on_cuda=self.on_cuda) for data, t0, t1 in windows)
+        return records, max(0.0, exposed), True
 
     def ddp_sample_rate_for(self, done: int) -> None:
         """At a step boundary (`done` steps completed), DDP's sample rate for the next forward (CPU).
@@ -427,6 +471,26 @@ class RankRuntime:
         if tracker.idle:
             tracker.mark_activity(t0)
         tracker.phases.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))
+        if module is self._sync_root:
+            self._ddp_forward(tracker)
+
+    def _ddp_forward(self, tracker: StepTracker) -> None:
+        """A training forward of the probed DDP model: count its all-reduce, keep the timers it reported.
+
+        DDP reports an iteration's timers at the model's next forward that synchronizes: with one
+        such forward per step that is the next step's, where the step's end reads them; with more
+        (accumulation outside `no_sync`) each one's timers are kept here, at the forward after it.
+        """
+        model = self._sync_ddp[0]
+        if not model.require_backward_grad_sync:  # inside no_sync: no all-reduce, no report
+            return
+        n = tracker.ddp_syncs
+        step = tracker.step if n else (tracker.step - 1 if tracker.prev_ddp_syncs > 1 else None)
+        if not n:
+            tracker.prev_ddp_syncs = 0
+        if step is not None and tracker.ddp_sync_read(step):
+            tracker.ddp_snapshots.append((step, _ddp_timers(model)))
+        tracker.ddp_syncs = n + 1
 
     # An evaluation pass: a forward of the trained module without gradients and in eval mode (`model.eval()`,
     # as the Trainer's, Lightning's and any validation loop do). A no-grad forward in train mode is part of
@@ -548,3 +612,8 @@ def _ddp_timers(model: Any) -> dict[str, int]:
     if logger is None:
         return model._get_ddp_logging_data()
     return logger._get_ddp_logging_data().ints_map
+
+
+def _compiled_root(module: Any) -> bool:
+    """`torch.compile(module)`'s wrapper: the module it compiled is its `_orig_mod`."""
+    return type(module).__name__ == "OptimizedModule"

@@ -663,6 +663,7 @@ def _first_optimizer_step(rt: "RankRuntime", optimizer: torch.optim.Optimizer) -
             _patch_train_mode(rt)
             rt.watch_for_evaluation(inner, samples=not i)
     rt.meta["probed_modules"] = [type(m).__name__ for m in roots]
+    rt.count_ddp_syncs(roots)
     rt.save_meta()
 
 

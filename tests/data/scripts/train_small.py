@@ -13,6 +13,7 @@ p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--backend", default="gloo")
 p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (no_sync)")
+p.add_argument("--sync-every-micro", action="store_true", help="accumulate without no_sync: every backward all-reduces")
 p.add_argument("--custom-hook", action="store_true")
 p.add_argument("--no-destroy", action="store_true")
 p.add_argument("--exit-after", type=int, default=0, help="sys.exit(0) after this many steps")
@@ -53,7 +54,7 @@ while step < args.steps:
     loader.sampler.set_epoch(epoch)
     for x, y in loader:
         last_micro = (micro + 1) % args.accum == 0
-        if not last_micro:
+        if not last_micro and not args.sync_every_micro:
             with model.no_sync():
                 (nn.functional.cross_entropy(model(x), y) / args.accum).backward()
         else:
