@@ -265,6 +265,7 @@ class RankRuntime:
 
     def on_ddp_created(self, model: Any, applied: dict[str, Any], *, built_by: str = "user") -> None:
         self.ddp_models.append(model)
+        self._sync_ddp = self._sync_root = None  # a second DDP model: none is counted (`count_ddp_syncs`)
         params = [p for p in model.module.parameters() if p.requires_grad]
         info = {
             **_bucket_caps_mb(model),
@@ -310,8 +311,12 @@ class RankRuntime:
         self.save_meta()
 
     def count_ddp_syncs(self, roots: list[Any]) -> None:
-        """Count the all-reduces per step of the one DDP model with the builtin all-reduce whose forward is a
-        probed root's (DDP itself, or the `torch.compile` wrapper around it); with several, none is counted."""
+        """Count the all-reduces per step of the run's one DDP model, when it has the builtin all-reduce and its
+        forward is a probed root's (DDP itself, or the `torch.compile` wrapper around it). With several DDP
+        models (a GAN: each counts its own iterations, a discriminator may run two forwards per backward),
+        none is counted: their steps keep one read per model at the step's end."""
+        if len(self.ddp_models) != 1:
+            return
         found = []
         for root in roots:
             inner = root.__dict__.get("_modules", {}).get("_orig_mod") if _compiled_root(root) else root
