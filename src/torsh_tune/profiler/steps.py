@@ -273,12 +273,9 @@ class StepTracker:
         return step < self._detailed_until or (self.traces is not None and self.traces.recording)
 
     def ddp_sync_read(self, step: int) -> bool:
-        """At a probed DDP forward: whether the timers DDP just reported are an all-reduce of `step` to keep.
-
-        Only in a step with more than one (this one after its first sync, or the one before at this
-        step's first forward), and where DDP collects its timers at every iteration (the detailed
-        steps, or `ddp_timers_every` 1): elsewhere such a step's communication is not timed.
-        """
+        """Whether DDP collects its timers at every iteration in `step` (a detailed step, or `ddp_timers_every`
+        1), so that the timers it just reported, of a step with more than one all-reduce, are worth reading
+        (`RankRuntime._ddp_forward` asks); elsewhere such a step's communication is not timed."""
         return self.ddp_timers_every == 1 or self.detailed(step)
 
     def _read_ddp_timers(self, entry: dict[str, Any], *, overwritten: bool = False) -> None:

@@ -319,7 +319,8 @@ class RankRuntime:
             return
         found = []
         for root in roots:
-            inner = root.__dict__.get("_modules", {}).get("_orig_mod") if _compiled_root(root) else root
+            # `torch.compile`'s wrapper holds the model as its `_orig_mod` child; a module compiled in place is itself
+            inner = root.__dict__.get("_modules", {}).get("_orig_mod", root)
             for model, info in zip(self.ddp_models, self.meta.get("ddp_models", [])):
                 if model is inner and model.__dict__.get("_torsh_timed_hook") is None:
                     found.append((root, model, info))
@@ -617,8 +618,3 @@ def _ddp_timers(model: Any) -> dict[str, int]:
     if logger is None:
         return model._get_ddp_logging_data()
     return logger._get_ddp_logging_data().ints_map
-
-
-def _compiled_root(module: Any) -> bool:
-    """`torch.compile(module)`'s wrapper: the module it compiled is its `_orig_mod`."""
-    return type(module).__name__ == "OptimizedModule"
