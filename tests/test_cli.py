@@ -89,6 +89,7 @@ def _bottlenecks(report: dict) -> list[dict]:
     return report["bottlenecks"]
 
 
+@pytest.mark.serial
 def test_data_bound_example_is_diagnosed_as_io(tmp_path):
     report, run, proc = _profile(tmp_path, EXAMPLES / "data_bound.py")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -104,6 +105,7 @@ def test_data_bound_example_is_diagnosed_as_io(tmp_path):
     assert "median step" in proc.stdout and str(run) in proc.stdout
 
 
+@pytest.mark.serial
 def test_comm_bound_example_is_diagnosed_as_communication(tmp_path):
     report, run, proc = _profile(tmp_path, EXAMPLES / "comm_bound.py", steps=20, warmup=3)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -112,6 +114,7 @@ def test_comm_bound_example_is_diagnosed_as_communication(tmp_path):
     assert top["evidence"]["exposed_comm_pct"] > 30
 
 
+@pytest.mark.serial
 def test_straggler_example_names_the_slow_rank(tmp_path):
     report, run, proc = _profile(tmp_path, EXAMPLES / "straggler.py", "--slow-rank", "1", "--delay-ms", "30")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -119,6 +122,7 @@ def test_straggler_example_names_the_slow_rank(tmp_path):
     assert top["category"] == "straggler" and list(top["ranks"]) == [1]
 
 
+@pytest.mark.serial
 def test_healthy_compute_bound_run_raises_no_high_or_critical(tmp_path):
     # On this 2-vCPU machine one vCPU runs measurably slower while both are busy (seen: rank 0's
     # forward 31 ms vs rank 1's 18 ms, same work), which the default 10 % straggler threshold
@@ -341,6 +345,7 @@ def test_profile_with_a_deepspeed_config(tmp_path):
 
 # -- issue 4: the main job, `run`, API-mode detection ---------------------------------------------
 
+@pytest.mark.serial
 def test_main_job_end_to_end_profiles_tunes_confirms_and_reports(tmp_path):
     """`torsh-tune SCRIPT` (no subcommand): baseline profile -> study -> confirmation -> study report."""
     import time

@@ -201,6 +201,7 @@ def saturated_run(tmp_path_factory):
     return root / "cpu", proc.stdout
 
 
+@pytest.mark.serial
 def test_a_cpu_heavy_collate_on_busy_cores_is_told_workers_will_not_help(saturated_run):
     run, stdout = saturated_run
     a = analyze_run(run)
@@ -420,6 +421,7 @@ def test_a_frameworks_per_step_collective_is_not_sized_as_gradient_communication
     assert grads["comm_s"] == pytest.approx(0.0026 - 0.0005) and ev["comm_s"] == 0.0026  # the finding's own kept
 
 
+@pytest.mark.serial
 def test_a_real_runs_buffer_broadcast_is_measured_and_recommended_away(tmp_path):
     """2 ranks, gloo: a model with an 8 MiB constant buffer (a lookup table) that DDP broadcasts
     from rank 0 before every forward, far longer than the tiny model's compute."""
@@ -574,6 +576,7 @@ def test_ddp_advice_says_where_the_users_own_code_sets_it(built_by, key, value, 
     assert text.startswith(f"In your code: {where}") and text.endswith("the patch below does it")
 
 
+@pytest.mark.serial
 def test_a_loader_that_starts_its_workers_every_epoch_is_found_and_its_patch_keeps_them(tmp_path):
     """2 ranks, gloo: the data-bound example with 2 DataLoader workers and epochs of 4 steps (64 samples,
     batches of 8 per rank). Without persistent workers every epoch's iterator starts two processes and
@@ -652,6 +655,7 @@ def test_a_loader_restarts_cost_leaves_out_the_evaluation_in_its_step_and_is_adv
         assert (rec.expected_gain.low_pct, rec.expected_gain.high_pct) == (pytest.approx(16.67, abs=0.02), 33.33)
 
 
+@pytest.mark.serial
 def test_accumulation_that_all_reduces_every_micro_batch_is_measured_per_all_reduce_and_told_to_use_no_sync(tmp_path):
     """2 ranks, gloo: 3 micro-batches per step, each backward outside `no_sync`. DDP reports a forward's timers at
     its next synchronizing forward: read once per step, 2 of the 3 all-reduces were missing and the third came from

@@ -344,6 +344,7 @@ def real_run_per_bucket(tmp_path_factory):
     return _profile_ddp_mlp(tmp_path_factory, "--comm-hook-timing")
 
 
+@pytest.mark.serial
 def test_a_real_run_reports_its_self_check(real_run):
     run, stdout = real_run
     (check,) = json.loads((run / "report" / "report.json").read_text())["self_check"]
@@ -367,6 +368,7 @@ def test_a_real_run_reports_its_self_check(real_run):
     assert "## Self-check against the traces" in (run / "report" / "report.md").read_text()
 
 
+@pytest.mark.serial
 def test_a_real_run_agrees_on_step_time(real_run):
     (check,) = analyze_run(real_run[0]).self_check
     assert abs(check.overall["step_diff_pct"]) <= 5.0, _rows(check)
@@ -375,16 +377,19 @@ def test_a_real_run_agrees_on_step_time(real_run):
 @pytest.mark.parametrize("metric", [
     "compute", "comm", "exposed_comm",
 ])
+@pytest.mark.serial
 def test_a_real_run_agrees_with_its_trace(real_run, metric):
     (check,) = analyze_run(real_run[0]).self_check
     assert abs(check.overall[f"{metric}_diff_pp"]) <= TOLERANCE_PP[metric], _rows(check)
 
 
+@pytest.mark.serial
 def test_a_real_run_says_its_comm_is_the_reducers_window(real_run):
     (check,) = analyze_run(real_run[0]).self_check
     assert [r["always_on_comm_basis"] for r in check.per_rank] == ["DDP reducer window"] * 2
 
 
+@pytest.mark.serial
 def test_a_real_runs_differences_add_up_over_its_steps(real_run):
     # Every metric, compute from the phase annotations included: the steps' contributions (the trace's
     # `step_table`, the step records) add up to the pooled difference, and the largest is the one reported.
@@ -419,6 +424,7 @@ def test_a_real_runs_differences_add_up_over_its_steps(real_run):
 @pytest.mark.parametrize("metric", [
     "compute", "comm", "exposed_comm",
 ])
+@pytest.mark.serial
 def test_a_real_run_timed_per_bucket_agrees_with_its_trace_within_5_pp(real_run_per_bucket, metric):
     # Measured (5 runs, interleaved with 5 of the reducer's window): comm -0.3 to +2.0 pp (mean of ranks),
     # compute -0.1 to +0.9, exposed -1.2 to -0.2; the reducer's window: comm +5.0 to +6.0 pp.

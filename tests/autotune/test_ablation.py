@@ -28,6 +28,9 @@ from torsh_tune.config import RunConfig, StudyConfig
 from torsh_tune.importers import load_config_file
 from torsh_tune.reports import get_tuning_info, render_tuning_markdown
 
+# Which knobs are kept is measured speed: alone (`make test` runs the `serial` tests after the parallel part).
+pytestmark = pytest.mark.serial
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "data_bound.py"
 ARGS = ["--read-ms", "6", "--image-size", "48", "--batch-size", "8", "--num-samples", "512", "--log-every", "1000"]
 BASE = RunConfig.from_dict({"launch": {"nproc_per_node": 2}, "budget": {"kill_grace_s": 2.0}})

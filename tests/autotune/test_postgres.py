@@ -53,7 +53,8 @@ def _missing() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
+# `serial`: its emulated nodes must not meet another test's cluster (tests/launch/test_emulate.py counts them).
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
 
 
 def _as_user(*cmd: str) -> list[str]:

@@ -29,6 +29,10 @@ from torsh_tune.rundir import new_run_dir
 
 from helpers import EXAMPLES, REPO, run_cli, run_survivors, sigint_as_ctrl_c
 
+# Shaped links, and `owned_namespaces()` lists every emulated cluster on the host: no other test's cluster may
+# come or go meanwhile, so these run alone (`make test` runs the `serial` tests after the parallel part).
+pytestmark = pytest.mark.serial
+
 SPEC = "nodes=2,procs_per_node=2,link=1gbit"
 LINK_GBPS = 1.0
 

@@ -18,6 +18,10 @@ from torsh_tune.rundir import RunDir
 
 from helpers import SCRIPTS, read_jsonl, run_cli
 
+# Every stack's self-check must agree with its trace within 5 pp, so each run is measured alone (`make test`
+# runs the `serial` tests after the parallel part), not beside another test's ranks on the same cores.
+pytestmark = pytest.mark.serial
+
 STEPS, WARMUP = 12, 3
 
 
