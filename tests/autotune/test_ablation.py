@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from torsh_tune.autotune import TuneResult, build_space, tune
@@ -67,6 +68,16 @@ def test_the_ablation_keeps_the_workers_and_drops_the_rest(study):
     assert workers.kept and workers.ratio > 1.3 and workers.ci_low > 1 and len(workers.ratios) == 3
     for e in effects.values():
         assert not e.kept and e.verdict.startswith("no measurable effect") and e.share is None
+    # The baseline's io finding asked for the workers (sized beyond this space's 0 and 2, no trial of it was
+    # seeded, but the knob is named): the two changes nothing asked for were reverted together and dropped together.
+    attrs = optuna.load_study(study_name="torsh-tune", storage=f"sqlite:///{study_dir / 'study.db'}").user_attrs
+    assert "dataloader.num_workers" in attrs["recommendations"]["asked"], attrs
+    assert not {"compression.method", "ddp.bucket_cap_mb"} & {*attrs["recommendations"]["asked"],
+                                                              *attrs["advisor"]["asked"]}, attrs
+    assert effects["compression.method"].tested_with == ("ddp.bucket_cap_mb",)
+    assert effects["ddp.bucket_cap_mb"].tested_with == ("compression.method",)
+    assert effects["compression.method"].run_dirs == effects["ddp.bucket_cap_mb"].run_dirs
+    assert workers.tested_with == ()
     # The last test compared the minimal configuration with the baseline: it is the re-check.
     assert a.better and a.run_dirs == workers.run_dirs and a.speedup == workers.ratio
     assert workers.share == 1.0 and workers.share_ci == (1.0, 1.0)
@@ -93,6 +104,7 @@ def test_the_report_shows_each_knobs_share(study):
     assert "## Minimal configuration (ablation)" in md
     assert "| dataloader.num_workers | 2 | 0 |" in md and "| 100 % (100–100 %) | kept |" in md
     assert md.count("dropped: no measurable effect") == 2
+    assert "| dropped: no measurable effect (reverted with ddp.bucket_cap_mb) |" in md
     assert "`ddp.bucket_cap_mb` 60.9 → 61" in md
     json.dumps(info.to_dict(), allow_nan=False)
 
@@ -129,6 +141,97 @@ def test_rounding_and_the_greedy_order_on_the_space():
     # A passenger's first pair (1.0x: not faster with it) decides its verdict; the workers get all 3.
     assert pairs == [1, 1, 1, 3]
     assert abl.params == space.normalize({**base, "dataloader.num_workers": 3})
+
+
+def _modelled(speed, tested: list, pairs: list):
+    """A `measure` of a pure speed model, with the study's loop: `stop` ends the pairs once the verdict is decided."""
+    def measure(a, b, name, stop):
+        tested.append(name)
+        ratios = []
+        for _ in range(3):
+            if stop is not None and stop(ratios, 3):
+                break
+            ratios.append(speed(b) / speed(a))
+        pairs.append(len(ratios))
+        return PairedRuns(ratios=tuple(ratios), run_dirs=((name, name),) * len(ratios))
+    return measure
+
+
+def _winner_of_five_changes(space):
+    base = space.baseline_params()
+    return base, space.normalize({**base, "ddp.bucket_cap_mb": 61.0, "ddp.static_graph": True,
+                                  "compression.method": "topk", "compression.ratio": 0.012,
+                                  "dataloader.num_workers": 3, "dataloader.prefetch_factor": 4})
+
+
+def test_the_changes_no_finding_asked_for_are_dropped_together_in_one_test():
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base, winner = _winner_of_five_changes(space)
+    tested, pairs = [], []
+    measure = _modelled(lambda p: 2.0 if p.get("dataloader.num_workers") else 1.0, tested, pairs)
+    abl = ablate(winner, base, trial_number=7, space=space, measure=measure, noise_rel=0.05,
+                 rng=np.random.default_rng(0), suspects={"dataloader.num_workers", "dataloader.prefetch_factor"})
+    # Greedy alone: 6 tests (method, static graph, bucket cap, prefetch, workers; the ratio goes with the method).
+    assert tested == ["unasked", "dataloader.prefetch_factor", "dataloader.num_workers"] and pairs == [1, 1, 3]
+    effects = {e.knob: e for e in abl.effects}
+    unasked = ["compression.method", "compression.ratio", "ddp.static_graph", "ddp.bucket_cap_mb"]
+    assert list(effects) == [*unasked, "dataloader.prefetch_factor", "dataloader.num_workers"]
+    for knob in unasked:
+        e = effects[knob]
+        assert not e.kept and e.tested_with == tuple(k for k in unasked if k != knob)
+        assert e.ratios == (1.0,) and e.run_dirs == (("unasked", "unasked"),)
+        assert e.verdict.startswith("no measurable effect, reverted with ")
+    assert effects["dataloader.num_workers"].kept and effects["dataloader.num_workers"].tested_with == ()
+    assert abl.params == space.normalize({**base, "dataloader.num_workers": 3}) and abl.better
+    assert abl.speedup == 2.0 and abl.run_dirs == (("dataloader.num_workers",) * 2,) * 3
+
+
+def test_a_group_that_costs_speed_is_taken_apart_knob_by_knob():
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base, winner = _winner_of_five_changes(space)
+    tested, pairs = [], []
+
+    def speed(p):  # the workers 2x, and a bucket cap no finding asked for 1.5x
+        return (2.0 if p.get("dataloader.num_workers") else 1.0) * (1.5 if p["ddp.bucket_cap_mb"] == 61.0 else 1.0)
+
+    abl = ablate(winner, base, trial_number=7, space=space, measure=_modelled(speed, tested, pairs), noise_rel=0.05,
+                 rng=np.random.default_rng(0), suspects={"dataloader.num_workers"})
+    assert tested == ["unasked", "compression.method", "ddp.static_graph", "ddp.bucket_cap_mb",
+                      "dataloader.prefetch_factor", "dataloader.num_workers", "final"]
+    assert pairs == [3, 1, 1, 3, 1, 3, 3]
+    assert [e.knob for e in abl.effects if e.kept] == ["ddp.bucket_cap_mb", "dataloader.num_workers"]
+    assert all(e.tested_with == () for e in abl.effects)
+    assert any(n.startswith("the 5 changes no finding of the baseline asked for (compression.method, "
+                            "compression.ratio, ddp.static_graph, ddp.bucket_cap_mb, dataloader.prefetch_factor) "
+                            "were reverted together first: 1.500x") for n in abl.notes), abl.notes
+    assert abl.speedup == pytest.approx(3.0) and abl.better
+
+
+@pytest.mark.parametrize("suspects", [set(), {"compression.method", "compression.ratio", "ddp.static_graph",
+                                             "ddp.bucket_cap_mb", "dataloader.prefetch_factor",
+                                             "dataloader.num_workers"}, {"ddp.gradient_as_bucket_view"}])
+def test_without_a_group_to_drop_every_change_is_tested_alone(suspects):
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base, winner = _winner_of_five_changes(space)
+    tested = []
+    abl = ablate(winner, base, trial_number=7, space=space, noise_rel=0.05, rng=np.random.default_rng(0),
+                 measure=_modelled(lambda p: 2.0 if p.get("dataloader.num_workers") else 1.0, tested, []),
+                 suspects=suspects)
+    # None asked for (or only a knob the winner left alone): a group of every change would be the baseline.
+    assert tested == ["compression.method", "ddp.static_graph", "ddp.bucket_cap_mb", "dataloader.prefetch_factor",
+                      "dataloader.num_workers"]
+    assert all(e.tested_with == () for e in abl.effects)
+
+
+def test_nothing_kept_is_no_re_check_of_the_baseline_against_itself():
+    space = build_space(nproc_per_node=2, cpu_count=8, baseline_num_microbatches=1)
+    base, winner = _winner_of_five_changes(space)
+    tested = []
+    abl = ablate(winner, base, trial_number=7, space=space, noise_rel=0.05, rng=np.random.default_rng(0),
+                 measure=_modelled(lambda p: 1.0, tested, []))
+    assert "final" not in tested and abl.params == space.normalize(base)
+    assert not abl.better and abl.speedup is None
+    assert abl.notes[-1] == "no change was kept: the winner (trial 7) stays the result as confirmed"
 
 
 @pytest.mark.parametrize(("ratios", "pairs", "settled"), [

@@ -6,7 +6,17 @@ gradient compression the sampler also picked are passengers). After the confirma
 
 1. **Round** the winner's continuous values to what a person would write (two significant
    figures: `bucket_cap_mb = 60.91964802953841` -> 61), within their dimension's bounds.
-2. **Ablate greedily**: for each changed knob in `ABLATION_ORDER` (lossy and risky knobs first),
+2. **Drop the unasked-for changes together** (`suspects`: the knobs the baseline's analysis proposed
+   changing, i.e. the dimensions its recommendations, the strategy advisor and the communication
+   model seeded as trials): when the winner changes at least two knobs outside them and at least
+   one inside, the current configuration runs against the same configuration with all of those
+   reverted at once. When that costs no speed beyond noise (the same keep rule as below) they are
+   dropped in one test, each recorded with the group's ratio (`tested_with`); otherwise, or when no
+   pair measured, each is tested alone as in step 3. The data-bound example's winner (workers, a
+   bucket cap, static graph, compression: one knob asked for) is then 2 tests, not 5: its ablation
+   was over half of the main job's runs. A group can hide two changes whose effects cancel (one
+   faster, one slower): neither is kept, and the re-check still measures what is kept.
+3. **Ablate greedily**: for each changed knob in `ABLATION_ORDER` (lossy and risky knobs first),
    run the current configuration against the same
    configuration with that knob reverted to the baseline's value, interleaved A B A B
    (`pairs` pairs). The knob is kept only when removing it costs speed beyond noise: the
@@ -17,7 +27,7 @@ gradient compression the sampler also picked are passengers). After the confirma
    pairs stop as soon as the ones measured decide that it is dropped whatever the rest would
    measure (`cannot_be_kept`: with 3 pairs, one pair that was not faster with it): a passenger
    costs 1.75 pairs on average instead of 3, and no verdict changes.
-3. **Re-check** the minimal (rounded) configuration against the baseline with paired runs,
+4. **Re-check** the minimal (rounded) configuration against the baseline with paired runs,
    unless the last test already compared exactly these two; that paired speedup is the
    study's result. If the minimal configuration is not confirmed faster, the winner as the
    confirmation measured it stays the result.
@@ -36,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -96,6 +106,8 @@ class KnobEffect:
         verdict: "kept: ..." or "no measurable effect (...)".
         run_dirs: (without, with) run directories per pair.
         failures: Why pairs were dropped.
+        tested_with: The other knobs it was reverted with in one test (step 2 of the module docstring);
+            its ratios, CI and run directories are that test's. Empty: tested alone.
     """
 
     knob: str
@@ -111,6 +123,7 @@ class KnobEffect:
     verdict: str = ""
     run_dirs: tuple[tuple[str, str], ...] = ()
     failures: tuple[str, ...] = ()
+    tested_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,8 +228,9 @@ def ablate(
     measure: Callable[..., PairedRuns],
     noise_rel: float,
     rng: np.random.Generator,
+    suspects: Collection[str] = (),
 ) -> Ablation:
-    """Round, ablate greedily and re-check the winner (see the module docstring).
+    """Round, drop the unasked-for changes together, ablate greedily and re-check the winner (module docstring).
 
     Args:
         winner: The confirmed winner's parameters.
@@ -228,6 +242,7 @@ def ablate(
             cannot change the verdict.
         noise_rel: The baseline's run-to-run noise (a kept knob's gain must exceed it).
         rng: For the bootstraps.
+        suspects: The dimensions the baseline's analysis proposed changing (empty: every change is tested alone).
     """
     base = space.normalize(dict(baseline))
     current = round_params(winner, space)
@@ -237,19 +252,48 @@ def ablate(
     notes: list[str] = []
     last: tuple[dict[str, Any], dict[str, Any], PairedRuns] | None = None
     interrupted = False
-    for knob in order:
-        if knob not in current:
-            continue  # it went with a knob it depends on
-        revert = base.get(knob, space.default(knob))
-        without = space.normalize({**current, knob: revert})
-        if without == current:
-            continue  # the baseline's value already, or the knob is fixed
-        runs = measure(without, current, knob, cannot_be_kept)
+
+    def revert(knobs: Sequence[str]) -> dict[str, Any]:
+        return space.normalize({**current, **{k: base.get(k, space.default(k)) for k in knobs}})
+
+    def test(without: dict[str, Any], name: str) -> tuple[PairedRuns, float | None, float | None, float | None, bool]:
+        runs = measure(without, current, name, cannot_be_kept)
         ratio, low, high, _ = paired_stats(runs.ratios, noise_rel=noise_rel, rng=rng)
         # Kept only when even the CI's lower bound of the slowdown without it is beyond the baseline's
         # noise: a no-op passenger measured (1.19, 1.66, 1.002) on a host with stalls passed "lower
         # bound above 1, median beyond noise" and would have stayed in best.toml.
-        kept = low is not None and low - 1.0 > noise_rel
+        return runs, ratio, low, high, low is not None and low - 1.0 > noise_rel
+
+    changed = [k for k in order if revert([k]) != current]
+    unasked = [k for k in changed if k not in suspects]
+    if len(unasked) >= 2 and len(unasked) < len(changed):
+        without = revert(unasked)
+        runs, ratio, low, high, kept = test(without, "unasked")
+        last = (without, dict(current), runs)
+        notes += [f"{', '.join(unasked)} (together): {f}" for f in runs.failures]
+        if ratio is not None and not kept:
+            for knob in unasked:
+                others = [k for k in unasked if k != knob]
+                effects.append(KnobEffect(
+                    knob=knob, value=current[knob], reverted_to=base.get(knob, space.default(knob)), kept=False,
+                    ratios=runs.ratios, ratio=ratio, ci_low=low, ci_high=high, run_dirs=runs.run_dirs,
+                    failures=runs.failures, tested_with=tuple(others),
+                    verdict=(f"no measurable effect, reverted with {', '.join(others)} ({ratio:.3f}x with them over "
+                             f"{len(runs.ratios)} pair(s), 95 % CI {low:.3f}–{high:.3f})")))
+            current = without
+        elif ratio is not None:
+            notes.append(f"the {len(unasked)} changes no finding of the baseline asked for ({', '.join(unasked)}) "
+                         f"were reverted together first: {ratio:.3f}x with them (95 % CI {low:.3f}–{high:.3f}), "
+                         "so each was tested alone")
+        interrupted = runs.interrupted
+    for knob in order if not interrupted else ():
+        if knob not in current or any(e.knob == knob for e in effects):
+            continue  # it went with a knob it depends on, or with the unasked-for changes
+        reverted_to = base.get(knob, space.default(knob))
+        without = revert([knob])
+        if without == current:
+            continue  # the baseline's value already, or the knob is fixed
+        runs, ratio, low, high, kept = test(without, knob)
         last = (without, dict(current), runs)
         if ratio is None:
             verdict = "no measurable effect (no pair measured: " + ("; ".join(runs.failures) or "no run") + ")"
@@ -258,7 +302,7 @@ def ablate(
         else:
             verdict = (f"no measurable effect ({ratio:.3f}x with it over {len(runs.ratios)} pair(s), "
                        f"95 % CI {low:.3f}–{high:.3f})")
-        effects.append(KnobEffect(knob=knob, value=current[knob], reverted_to=revert, kept=kept,
+        effects.append(KnobEffect(knob=knob, value=current[knob], reverted_to=reverted_to, kept=kept,
                                   ratios=runs.ratios, ratio=ratio,
                                   ci_low=low, ci_high=high, verdict=verdict, run_dirs=runs.run_dirs,
                                   failures=runs.failures))
@@ -274,6 +318,11 @@ def ablate(
                         effects=tuple(effects), params=minimal, speedup=None, ci_low=None, ci_high=None,
                         better=False, notes=tuple(notes + ["interrupted: the minimal configuration was not "
                                                            "re-checked"]), interrupted=True)
+    if minimal == base:  # nothing kept: no configuration to re-check (the baseline against itself)
+        return Ablation(trial_number=trial_number, winner_params=dict(winner), rounded=rounded,
+                        effects=tuple(effects), params=minimal, speedup=None, ci_low=None, ci_high=None, better=False,
+                        notes=tuple(notes + [f"no change was kept: the winner (trial {trial_number}) stays the result "
+                                             "as confirmed"]))
     if last is not None and last[0] == base and last[1] == minimal:
         final = last[2]  # the last test was this configuration against the baseline's settings
     else:

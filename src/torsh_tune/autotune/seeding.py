@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..fabric import CommModel
 from .space import BASELINE_PARAMS, SearchSpace
 
-__all__ = ["advisor_params", "seed_study"]
+__all__ = ["advisor_params", "asked_for", "seed_study"]
 
 _log = logging.getLogger(__name__)
 
@@ -90,6 +90,39 @@ def advisor_params(
         seen.add(key)
         out.append((rank, params))
     return out
+
+
+def _asked(rows: Sequence[Mapping[str, Any]], space: SearchSpace) -> list[str]:
+    """The search dimensions the rows' config patches name, whether their trial was enqueued or not.
+
+    A recommendation left out because its value lies outside the space (7 workers where the space
+    offers 0 and 2) still says which knob its finding is about.
+    """
+    names = set()
+    for row in rows:
+        for section, values in (row.get("config_patch") or {}).items():
+            if isinstance(values, Mapping):
+                names.update(f"{section}.{key}" for key in values)
+    return sorted(n for n in names if n in space.dims)
+
+
+def asked_for(study: Any, space: SearchSpace) -> set[str]:
+    """The dimensions the baseline's analysis proposed changing (the ablation's `suspects`).
+
+    Those its recommendations' and the strategy advisor's patches name (user attrs `recommendations`
+    and `advisor`, key `asked`), and those the trials it seeded change from the PyTorch defaults
+    (`enqueued`, and the communication model's): kept in the study, so a resumed study has them.
+    """
+    defaults = space.normalize(space.baseline_params())
+    attrs = study.user_attrs
+    asked: set[str] = set()
+    for source in ("recommendations", "advisor", "model"):
+        attr = attrs.get(source) or {}
+        asked.update(str(n) for n in attr.get("asked") or ())
+        for row in attr.get("enqueued") or ():
+            params = space.normalize({**defaults, **dict(row.get("params") or {})})
+            asked.update(k for k, v in params.items() if defaults.get(k) != v)
+    return asked
 
 
 def _translate(patch: Mapping[str, Any], space: SearchSpace) -> tuple[dict[str, Any], list[str], str]:
@@ -238,6 +271,7 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
                 "enqueued": [{"advisor_rank": rank, "name": names.get(rank, ""), "params": params}
                              for rank, params in trials],
                 "skipped": skipped,
+                "asked": _asked(rows, space),
             })
             enqueued += [params for _, params in trials]
     except Exception as exc:  # noqa: BLE001 - the advisor only seeds the search; it must not stop it
@@ -263,6 +297,7 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
             "enqueued": [{"priority": rank, "title": by_rank[rank].title, "params": params,
                           "basis": by_rank[rank].expected_gain.basis} for rank, params in trials],
             "skipped": skipped,
+            "asked": _asked(rows, space),
         })
         enqueued += [params for _, params in trials]
     except Exception as exc:  # noqa: BLE001 - recommendations only seed the search; they must not stop it

@@ -59,7 +59,7 @@ from .dataguard import DataCheck, check_data, run_fingerprints
 from .objective import effective_settings, loss_check, loss_deviation, recorded_ddp, trial_constraints
 from .pruning import TrialPruning, study_pruner
 from .runner import MeasuredRun, fresh_run_dir, run_measured
-from .seeding import seed_study
+from .seeding import asked_for, seed_study
 from .space import SearchSpace, build_space
 from .storage import open_storage
 
@@ -636,7 +636,7 @@ def _ablate_winner(s: _Session, space: SearchSpace, confirmations: Sequence[Conf
         return s.paired(config_of(a), config_of(b), "ablation", f"{best.trial_number:04d}-{name}", pairs, stop)
 
     ablation = ablate(best.params, space.baseline_params(), trial_number=best.trial_number, space=space,
-                      measure=measure, noise_rel=baseline.noise_rel, rng=rng)
+                      measure=measure, noise_rel=baseline.noise_rel, rng=rng, suspects=asked_for(s.optuna, space))
     s.interrupted = ablation.interrupted
     return best, ablation
 

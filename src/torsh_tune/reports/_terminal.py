@@ -352,8 +352,11 @@ def _render_ablation(a: Any, console: Console) -> None:
         else:
             # The pairs stop once a drop is decided: one pair's ratio is no measurement of harm.
             n = len(e.ratios)
-            measured = f" ({e.ratio:.3f}x with it, {n} pair{'s' if n != 1 else ''})" if e.ratio is not None else ""
-            console.print(f"  {e.knob} = {_short(e.value)}: dropped, no measurable effect{measured}", markup=False)
+            together = f" with {', '.join(e.tested_with)}" if e.tested_with else ""
+            measured = (f" ({e.ratio:.3f}x with {'them' if together else 'it'}, {n} pair{'s' if n != 1 else ''})"
+                        if e.ratio is not None else "")
+            console.print(f"  {e.knob} = {_short(e.value)}: dropped{together}, no measurable effect{measured}",
+                          markup=False)
     for note in a.notes:
         console.print(f"  {note}", markup=False)
 

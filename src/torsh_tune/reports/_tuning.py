@@ -109,7 +109,7 @@ class TuningInfo(JsonDocument):
         ablation: the confirmed winner reduced to the changes that earn its speedup
             (`autotune.ablation`): trial, rounded (name -> [found, rounded]), knobs (one per
             changed knob in test order: knob, value, reverted_to, kept, ratio, ci_low, ci_high,
-            share, share_ci, verdict, pairs, run_dirs), params (the minimal set), speedup,
+            share, share_ci, verdict, pairs, run_dirs, tested_with: the knobs it was reverted with), params (the minimal set), speedup,
             ci_low, ci_high, better, pairs, run_dirs (its re-check), notes; None without one.
         verdict: confirmed (bool), title, text.
         summary: the main job's `summary.json` (the ToRSh migration checks in `migration`,
@@ -472,6 +472,7 @@ def _ablation_row(a: Mapping[str, Any] | None, locate: _Locator) -> dict[str, An
         "share": _num(e.get("share")), "share_ci": [float(x) for x in e["share_ci"]] if e.get("share_ci") else None,
         "verdict": str(e.get("verdict") or ""), "pairs": len(e.get("ratios") or []),
         "run_dirs": [[locate(x), locate(y)] for x, y in e.get("run_dirs") or []],
+        "tested_with": [str(k) for k in e.get("tested_with") or []],
     } for e in a.get("effects") or []]
     return {
         "trial": int(a["trial_number"]), "rounded": {str(k): list(v) for k, v in (a.get("rounded") or {}).items()},

@@ -16,7 +16,7 @@ from ._format import fmt_bytes, fmt_loss_deviation, fmt_samples_s, migration_cel
 from ._html import _CSS, _e
 from ._json import _write_atomic
 from ._tuning import TuningInfo
-from ._tuning_markdown import ABLATION_COLUMNS, _status_text, _title, ablation_table, loss_cell
+from ._tuning_markdown import ABLATION_COLUMNS, _status_text, _title, ablation_method, ablation_table, loss_cell
 from .figures import params_text, varying_params
 
 __all__ = ["render_tuning_html", "write_tuning_html"]
@@ -79,10 +79,7 @@ def _ablation(info: TuningInfo) -> list[str]:
     a = info.ablation
     if not a:
         return []
-    out = ["<h2>Minimal configuration (ablation)</h2>",
-           f"<p>Each change of trial {a['trial']} was reverted to the baseline's value and run against the "
-           "configuration with it, interleaved; a change is kept only when its removal costs speed beyond the noise. "
-           "A kept change's share is ln(its speedup) / ln(the total).</p>",
+    out = ["<h2>Minimal configuration (ablation)</h2>", f"<p>{_e(ablation_method(a['trial']))}</p>",
            "<table><tr>" + "".join(f"<th>{_e(c)}</th>" for c in ABLATION_COLUMNS) + "</tr>"]
     for row in ablation_table(info):
         out.append('<tr class="ablation">' + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")

@@ -118,6 +118,14 @@ ABLATION_COLUMNS = ("knob", "value", "baseline value", "speed with it (95 % CI)"
                     "verdict")
 
 
+def ablation_method(trial: int) -> str:
+    """How the ablation decided, in a sentence or three (the markdown and HTML reports)."""
+    return (f"Each change of trial {trial} was reverted to the baseline's value and run against the configuration "
+            "with it, interleaved; a change is kept only when its removal costs speed beyond the noise. The changes "
+            "no finding of the baseline asked for were first reverted together, and dropped together when that "
+            "cost nothing. A kept change's share is ln(its speedup) / ln(the total).")
+
+
 def ablation_table(info: TuningInfo) -> list[tuple[str, ...]]:
     """The ablation's rows as text cells (`ABLATION_COLUMNS`): kept knobs first, then the dropped ones."""
     a = info.ablation
@@ -129,6 +137,8 @@ def ablation_table(info: TuningInfo) -> list[tuple[str, ...]]:
         share = (f"{100 * k['share']:.0f} % ({100 * k['share_ci'][0]:.0f}–{100 * k['share_ci'][1]:.0f} %)"
                  if k["share"] is not None and k["share_ci"] else "–")
         verdict = "kept" if k["kept"] else "dropped: no measurable effect"
+        if k.get("tested_with"):
+            verdict += f" (reverted with {', '.join(k['tested_with'])})"
         rows.append((k["knob"], fmt_param(k["value"]), fmt_param(k["reverted_to"]), speed, share, verdict))
     return rows
 
@@ -137,10 +147,7 @@ def _ablation(info: TuningInfo) -> list[str]:
     a = info.ablation
     if not a:
         return []
-    out = ["## Minimal configuration (ablation)", "",
-           f"Each change of trial {a['trial']} was reverted to the baseline's value and run against the configuration "
-           "with it, interleaved; a change is kept only when its removal costs speed beyond the noise. A kept "
-           "change's share is ln(its speedup) / ln(the total).", ""]
+    out = ["## Minimal configuration (ablation)", "", ablation_method(a["trial"]), ""]
     if a["rounded"]:
         out += ["Rounded before the test: " + ", ".join(f"`{k}` {fmt_param(v[0])} → {fmt_param(v[1])}"
                                                        for k, v in sorted(a["rounded"].items())) + ".", ""]
