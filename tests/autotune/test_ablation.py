@@ -4,7 +4,9 @@ Trial 1 is planted as a winner that changes three knobs: two DataLoader workers 
 `examples/data_bound.py` faster: it waits on storage for every sample), a bucket cap with
 sixteen digits and fp16 gradient compression (passengers: lossy, for nothing). The ablation
 must keep the workers, drop the passengers as "no measurable effect", round the bucket cap,
-and write only the workers to best.toml. 25 runs: with 2 pairs per test and 2 baseline runs a
+and write only the workers to best.toml. The baseline's io finding names the workers, so the two
+passengers are reverted together and dropped in one test (8 ablation runs where one test per knob
+took 12-14). 15-19 runs: with 2 pairs per test and 2 baseline runs a
 no-op knob was kept on a loaded host (both of its pairs at 1.5x by chance, the baseline's noise
 0.5 %); with 3 pairs every pair must favour it (a no-op: 1 in 8) and its gain must beat the noise
 of 3 baseline runs. 16 measured steps (~0.5-1 s): with 6 (0.15-0.3 s) one stall of the host moved
