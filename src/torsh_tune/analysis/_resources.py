@@ -3,7 +3,7 @@ utilisation. The DataLoader workers these call for are sized in `_workers` (no p
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import pandas as pd
 
@@ -130,10 +130,7 @@ def loader_restarts(steps: pd.DataFrame) -> dict[str, Any] | None:
     starts = pd.to_numeric(steps["loader_starts"], errors="coerce").fillna(0.0)
     if not (starts > 0).any():
         return None
-    step_s = pd.to_numeric(steps["step_s"], errors="coerce")
-    if "host_step_s" in steps:  # device-clock records: the host's step, the clock of the planned fields
-        step_s = pd.to_numeric(steps["host_step_s"], errors="coerce").fillna(step_s)
-    step_s = step_s.fillna(0.0)
+    step_s = _host_step_s(steps).fillna(0.0)
     aside = pd.Series(0.0, index=steps.index)  # an evaluation or a save in the same step: findings of their own
     planned = pd.Series(False, index=steps.index)
     for col in PLANNED_FIELDS.values():
@@ -160,12 +157,11 @@ def loader_restarts(steps: pd.DataFrame) -> dict[str, Any] | None:
     worst = max(by_rank, key=lambda r: by_rank[r]["pct"])
     w = by_rank[worst]
     at = sorted(int(s) for s in steps.loc[w["at"], "step"])
-    gaps = [b - a for a, b in zip(at, at[1:])]
     first = data_s[w["at"]].clip(upper=w["excess"])  # the new workers' first batch, within the excess
     return {
         "restart_pct": w["pct"], "restart_pct_by_rank": {r: round(v["pct"], 2) for r, v in sorted(by_rank.items())},
         "rank": worst, "restarts": len(at), "workers": int(starts[w["at"]].median()),
-        "every_steps": int(pd.Series(gaps).median()) if gaps else None,
+        "every_steps": _every(at),
         "median_restart_step_s": float(w["own"].median()), "usual_step_s": w["usual_s"],
         "median_start_s": float(pd.to_numeric(steps.loc[w["at"], "loader_restart_s"], errors="coerce").fillna(0.0)
                                 .median()) if "loader_restart_s" in steps else 0.0,
@@ -194,9 +190,7 @@ def _rare_share(steps: pd.DataFrame, column: str) -> _RareShare | None:
     spent = pd.to_numeric(steps[column], errors="coerce").fillna(0.0)
     if not (spent > 0).any():
         return None
-    step_s = pd.to_numeric(steps["step_s"], errors="coerce")
-    if "host_step_s" in steps:  # device-clock records: the host's step, the clock of these fields
-        step_s = pd.to_numeric(steps["host_step_s"], errors="coerce").fillna(step_s)
+    step_s = _host_step_s(steps)
     by_rank: dict[int, tuple[float, float]] = {}
     for rank, mine in steps.assign(_spent=spent, _step=step_s.fillna(0.0)).groupby("rank"):
         by_rank[int(rank)] = (float(mine["_spent"].sum()), float(mine["_step"].sum()))
@@ -204,11 +198,23 @@ def _rare_share(steps: pd.DataFrame, column: str) -> _RareShare | None:
     worst = max(pct, key=lambda r: pct[r])
     mine = steps[(steps["rank"] == worst) & (spent > 0)]
     at = sorted(int(s) for s in mine["step"])
-    gaps = [b - a for a, b in zip(at, at[1:])]
     return _RareShare(pct=pct[worst], pct_by_rank={r: round(v, 2) for r, v in sorted(pct.items())}, rank=worst,
-                      count=len(at), median_s=float(spent[mine.index].median()),
-                      every_steps=int(pd.Series(gaps).median()) if gaps else None,
+                      count=len(at), median_s=float(spent[mine.index].median()), every_steps=_every(at),
                       total_s=by_rank[worst][0], measured_s=by_rank[worst][1], index=mine.index)
+
+
+def _host_step_s(steps: pd.DataFrame) -> pd.Series:
+    """Each step's time on the host: device-clock records keep it in `host_step_s`, the clock of the planned fields."""
+    step_s = pd.to_numeric(steps["step_s"], errors="coerce")
+    if "host_step_s" in steps:
+        step_s = pd.to_numeric(steps["host_step_s"], errors="coerce").fillna(step_s)
+    return step_s
+
+
+def _every(at: Sequence[int]) -> int | None:
+    """The median gap between sorted steps (None for fewer than two)."""
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    return int(pd.Series(gaps).median()) if gaps else None
 
 
 def memory_stats(steps: pd.DataFrame, system: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> MemoryStats | None:
