@@ -107,6 +107,7 @@ def test_the_report_shows_each_knobs_share(study):
     assert "| dataloader.num_workers | 2 | 0 |" in md and "| 100 % (100–100 %) | kept |" in md
     assert md.count("dropped: no measurable effect") == 2
     assert "| dropped: no measurable effect (reverted with ddp.bucket_cap_mb) |" in md
+    assert "The changes no finding of the baseline asked for were first reverted together" in md
     assert "`ddp.bucket_cap_mb` 60.9 → 61" in md
     json.dumps(info.to_dict(), allow_nan=False)
 

@@ -109,8 +109,9 @@ class TuningInfo(JsonDocument):
         ablation: the confirmed winner reduced to the changes that earn its speedup
             (`autotune.ablation`): trial, rounded (name -> [found, rounded]), knobs (one per
             changed knob in test order: knob, value, reverted_to, kept, ratio, ci_low, ci_high,
-            share, share_ci, verdict, pairs, run_dirs, tested_with: the knobs it was reverted with), params (the minimal set), speedup,
-            ci_low, ci_high, better, pairs, run_dirs (its re-check), notes; None without one.
+            share, share_ci, verdict, pairs, run_dirs, tested_with: the knobs it was reverted with),
+            params (the minimal set), speedup, ci_low, ci_high, better, pairs, run_dirs (its re-check),
+            notes; None without one.
         verdict: confirmed (bool), title, text.
         summary: the main job's `summary.json` (the ToRSh migration checks in `migration`,
             the baseline profile, the recommendations it tested, the commands to reproduce),

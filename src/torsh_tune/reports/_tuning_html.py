@@ -79,7 +79,7 @@ def _ablation(info: TuningInfo) -> list[str]:
     a = info.ablation
     if not a:
         return []
-    out = ["<h2>Minimal configuration (ablation)</h2>", f"<p>{_e(ablation_method(a['trial']))}</p>",
+    out = ["<h2>Minimal configuration (ablation)</h2>", f"<p>{_e(ablation_method(a))}</p>",
            "<table><tr>" + "".join(f"<th>{_e(c)}</th>" for c in ABLATION_COLUMNS) + "</tr>"]
     for row in ablation_table(info):
         out.append('<tr class="ablation">' + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")

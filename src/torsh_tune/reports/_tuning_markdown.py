@@ -118,12 +118,15 @@ ABLATION_COLUMNS = ("knob", "value", "baseline value", "speed with it (95 % CI)"
                     "verdict")
 
 
-def ablation_method(trial: int) -> str:
-    """How the ablation decided, in a sentence or three (the markdown and HTML reports)."""
-    return (f"Each change of trial {trial} was reverted to the baseline's value and run against the configuration "
-            "with it, interleaved; a change is kept only when its removal costs speed beyond the noise. The changes "
-            "no finding of the baseline asked for were first reverted together, and dropped together when that "
-            "cost nothing. A kept change's share is ln(its speedup) / ln(the total).")
+def ablation_method(a: Mapping[str, Any]) -> str:
+    """How the ablation (`TuningInfo.ablation`) decided, in a few sentences (the markdown and HTML reports)."""
+    grouped = any(k.get("tested_with") for k in a["knobs"]) or any("were reverted together first" in n
+                                                                    for n in a["notes"])
+    return (f"Each change of trial {a['trial']} was reverted to the baseline's value and run against the "
+            "configuration with it, interleaved; a change is kept only when its removal costs speed beyond the noise."
+            + (" The changes no finding of the baseline asked for were first reverted together, to be dropped "
+               "together if that cost nothing." if grouped else "")
+            + " A kept change's share is ln(its speedup) / ln(the total).")
 
 
 def ablation_table(info: TuningInfo) -> list[tuple[str, ...]]:
@@ -147,7 +150,7 @@ def _ablation(info: TuningInfo) -> list[str]:
     a = info.ablation
     if not a:
         return []
-    out = ["## Minimal configuration (ablation)", "", ablation_method(a["trial"]), ""]
+    out = ["## Minimal configuration (ablation)", "", ablation_method(a), ""]
     if a["rounded"]:
         out += ["Rounded before the test: " + ", ".join(f"`{k}` {fmt_param(v[0])} → {fmt_param(v[1])}"
                                                        for k, v in sorted(a["rounded"].items())) + ".", ""]
