@@ -174,7 +174,7 @@ def test_the_changes_no_finding_asked_for_are_dropped_together_in_one_test():
     measure = _modelled(lambda p: 2.0 if p.get("dataloader.num_workers") else 1.0, tested, pairs)
     abl = ablate(winner, base, trial_number=7, space=space, measure=measure, noise_rel=0.05,
                  rng=np.random.default_rng(0), suspects={"dataloader.num_workers", "dataloader.prefetch_factor"})
-    # Greedy alone: 6 tests (method, static graph, bucket cap, prefetch, workers; the ratio goes with the method).
+    # One knob at a time: 5 tests (method, static graph, bucket cap, prefetch, workers; the ratio goes with the method).
     assert tested == ["unasked", "dataloader.prefetch_factor", "dataloader.num_workers"] and pairs == [1, 1, 3]
     effects = {e.knob: e for e in abl.effects}
     unasked = ["compression.method", "compression.ratio", "ddp.static_graph", "ddp.bucket_cap_mb"]
@@ -187,6 +187,7 @@ def test_the_changes_no_finding_asked_for_are_dropped_together_in_one_test():
     assert effects["dataloader.num_workers"].kept and effects["dataloader.num_workers"].tested_with == ()
     assert abl.params == space.normalize({**base, "dataloader.num_workers": 3}) and abl.better
     assert abl.speedup == 2.0 and abl.run_dirs == (("dataloader.num_workers",) * 2,) * 3
+    assert abl.together == tuple(unasked)
 
 
 def test_a_group_that_costs_speed_is_taken_apart_knob_by_knob():
@@ -203,7 +204,7 @@ def test_a_group_that_costs_speed_is_taken_apart_knob_by_knob():
                       "dataloader.prefetch_factor", "dataloader.num_workers", "final"]
     assert pairs == [3, 1, 1, 3, 1, 3, 3]
     assert [e.knob for e in abl.effects if e.kept] == ["ddp.bucket_cap_mb", "dataloader.num_workers"]
-    assert all(e.tested_with == () for e in abl.effects)
+    assert all(e.tested_with == () for e in abl.effects) and len(abl.together) == 5
     assert any(n.startswith("the 5 changes no finding of the baseline asked for (compression.method, "
                             "compression.ratio, ddp.static_graph, ddp.bucket_cap_mb, dataloader.prefetch_factor) "
                             "were reverted together first: 1.500x") for n in abl.notes), abl.notes
@@ -223,7 +224,7 @@ def test_without_a_group_to_drop_every_change_is_tested_alone(suspects):
     # None asked for (or only a knob the winner left alone): a group of every change would be the baseline.
     assert tested == ["compression.method", "ddp.static_graph", "ddp.bucket_cap_mb", "dataloader.prefetch_factor",
                       "dataloader.num_workers"]
-    assert all(e.tested_with == () for e in abl.effects)
+    assert all(e.tested_with == () for e in abl.effects) and abl.together == ()
 
 
 def test_nothing_kept_is_no_re_check_of_the_baseline_against_itself():

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 
 from torsh_tune.autotune import advisor_params, build_space
-from torsh_tune.autotune.seeding import seed_study
+from torsh_tune.autotune.seeding import asked_for, seed_study
 from torsh_tune.config import RunConfig
 from torsh_tune.strategies.advisor import advice_table, advise
 
@@ -173,3 +173,15 @@ def test_the_bench_model_s_predicted_best_follow_the_advisor_s_candidates():
     # Distinct from everything enqueued before them.
     keys = [json.dumps(t.system_attrs["fixed_params"], sort_keys=True) for t in study.trials]
     assert len(keys) == len(set(keys))
+
+
+def test_the_knobs_asked_for_are_those_named_and_those_the_seeded_trials_change():
+    """The ablation's suspects: a recommendation's knob counts even when its trial was left out."""
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    study = optuna.create_study(direction="maximize")
+    assert asked_for(study, space) == set()  # nothing seeded: every change is tested alone
+    study.set_user_attr("recommendations", {"enqueued": [], "asked": ["dataloader.num_workers"],
+                                            "skipped": ["#1 ...: dataloader.num_workers = 7 lies outside"]})
+    study.set_user_attr("model", {"enqueued": [{"params": {**space.baseline_params(), "ddp.bucket_cap_mb": 5.0}}]})
+    study.set_user_attr("advisor", {"enqueued": [{"params": space.baseline_params()}], "asked": []})
+    assert asked_for(study, space) == {"dataloader.num_workers", "ddp.bucket_cap_mb"}

@@ -7,8 +7,8 @@ gradient compression the sampler also picked are passengers). After the confirma
 1. **Round** the winner's continuous values to what a person would write (two significant
    figures: `bucket_cap_mb = 60.91964802953841` -> 61), within their dimension's bounds.
 2. **Drop the unasked-for changes together** (`suspects`: the knobs the baseline's analysis proposed
-   changing, i.e. the dimensions its recommendations, the strategy advisor and the communication
-   model seeded as trials): when the winner changes at least two knobs outside them and at least
+   changing, i.e. the dimensions its recommendations' and the strategy advisor's patches name and
+   those the trials it seeded change, `seeding.asked_for`): when the winner changes at least two knobs outside them and at least
    one inside, the current configuration runs against the same configuration with all of those
    reverted at once. When that costs no speed beyond noise (the same keep rule as below) they are
    dropped in one test, each recorded with the group's ratio (`tested_with`); otherwise, or when no
@@ -144,6 +144,8 @@ class Ablation:
             that compared exactly these two).
         notes: What else happened (pairs that failed, a re-check that did not confirm).
         interrupted: The tuner was stopped during the ablation.
+        together: The changes no finding asked for, reverted together in one test first (step 2 of the
+            module docstring); empty when no such test ran.
     """
 
     trial_number: int
@@ -158,6 +160,7 @@ class Ablation:
     run_dirs: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
     interrupted: bool = False
+    together: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,28 +269,30 @@ def ablate(
 
     changed = [k for k in order if revert([k]) != current]
     unasked = [k for k in changed if k not in suspects]
-    if len(unasked) >= 2 and len(unasked) < len(changed):
-        without = revert(unasked)
+    together = tuple(unasked) if len(unasked) >= 2 and len(unasked) < len(changed) else ()
+    if together:
+        without = revert(together)
         runs, ratio, low, high, kept = test(without, "unasked")
-        last = (without, dict(current), runs)
-        notes += [f"{', '.join(unasked)} (together): {f}" for f in runs.failures]
+        notes += [f"{', '.join(together)} (together): {f}" for f in runs.failures]
         if ratio is not None and not kept:
-            for knob in unasked:
-                others = [k for k in unasked if k != knob]
+            for knob in together:
+                others = tuple(k for k in together if k != knob)
                 effects.append(KnobEffect(
                     knob=knob, value=current[knob], reverted_to=base.get(knob, space.default(knob)), kept=False,
                     ratios=runs.ratios, ratio=ratio, ci_low=low, ci_high=high, run_dirs=runs.run_dirs,
-                    failures=runs.failures, tested_with=tuple(others),
+                    failures=runs.failures, tested_with=others,
                     verdict=(f"no measurable effect, reverted with {', '.join(others)} ({ratio:.3f}x with them over "
                              f"{len(runs.ratios)} pair(s), 95 % CI {low:.3f}–{high:.3f})")))
+            last = (without, dict(current), runs)
             current = without
         elif ratio is not None:
-            notes.append(f"the {len(unasked)} changes no finding of the baseline asked for ({', '.join(unasked)}) "
+            notes.append(f"the {len(together)} changes no finding of the baseline asked for ({', '.join(together)}) "
                          f"were reverted together first: {ratio:.3f}x with them (95 % CI {low:.3f}–{high:.3f}), "
                          "so each was tested alone")
         interrupted = runs.interrupted
+    decided = {e.knob for e in effects}
     for knob in order if not interrupted else ():
-        if knob not in current or any(e.knob == knob for e in effects):
+        if knob not in current or knob in decided:
             continue  # it went with a knob it depends on, or with the unasked-for changes
         reverted_to = base.get(knob, space.default(knob))
         without = revert([knob])
@@ -313,16 +318,14 @@ def ablate(
         if not kept:
             current = without
     minimal = current
+    unchecked = dict(trial_number=trial_number, winner_params=dict(winner), rounded=rounded, params=minimal,
+                     together=together, speedup=None, ci_low=None, ci_high=None, better=False)
     if interrupted:
-        return Ablation(trial_number=trial_number, winner_params=dict(winner), rounded=rounded,
-                        effects=tuple(effects), params=minimal, speedup=None, ci_low=None, ci_high=None,
-                        better=False, notes=tuple(notes + ["interrupted: the minimal configuration was not "
-                                                           "re-checked"]), interrupted=True)
+        return Ablation(**unchecked, effects=tuple(effects), interrupted=True,
+                        notes=tuple(notes + ["interrupted: the minimal configuration was not re-checked"]))
     if minimal == base:  # nothing kept: no configuration to re-check (the baseline against itself)
-        return Ablation(trial_number=trial_number, winner_params=dict(winner), rounded=rounded,
-                        effects=tuple(effects), params=minimal, speedup=None, ci_low=None, ci_high=None, better=False,
-                        notes=tuple(notes + [f"no change was kept: the winner (trial {trial_number}) stays the result "
-                                             "as confirmed"]))
+        return Ablation(**unchecked, effects=tuple(effects), notes=tuple(
+            notes + [f"no change was kept: the winner (trial {trial_number}) stays the result as confirmed"]))
     if last is not None and last[0] == base and last[1] == minimal:
         final = last[2]  # the last test was this configuration against the baseline's settings
     else:
@@ -335,7 +338,7 @@ def ablate(
                      f"winner (trial {trial_number}) stays the result as confirmed")
     return Ablation(trial_number=trial_number, winner_params=dict(winner), rounded=rounded, effects=tuple(effects),
                     params=minimal, speedup=speedup, ci_low=low, ci_high=high, better=better,
-                    run_dirs=final.run_dirs, notes=tuple(notes), interrupted=final.interrupted)
+                    run_dirs=final.run_dirs, notes=tuple(notes), interrupted=final.interrupted, together=together)
 
 
 def _with_shares(effects: list[KnobEffect], final: PairedRuns, speedup: float | None,

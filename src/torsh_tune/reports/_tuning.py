@@ -111,7 +111,7 @@ class TuningInfo(JsonDocument):
             changed knob in test order: knob, value, reverted_to, kept, ratio, ci_low, ci_high,
             share, share_ci, verdict, pairs, run_dirs, tested_with: the knobs it was reverted with),
             params (the minimal set), speedup, ci_low, ci_high, better, pairs, run_dirs (its re-check),
-            notes; None without one.
+            notes, together (the unasked-for changes reverted together first); None without one.
         verdict: confirmed (bool), title, text.
         summary: the main job's `summary.json` (the ToRSh migration checks in `migration`,
             the baseline profile, the recommendations it tested, the commands to reproduce),
@@ -481,6 +481,7 @@ def _ablation_row(a: Mapping[str, Any] | None, locate: _Locator) -> dict[str, An
         "ci_low": _num(a.get("ci_low")), "ci_high": _num(a.get("ci_high")), "better": bool(a.get("better")),
         "pairs": len(a.get("run_dirs") or []), "run_dirs": [[locate(x), locate(y)] for x, y in a.get("run_dirs") or []],
         "notes": [str(n) for n in a.get("notes") or []],
+        "together": [str(k) for k in a.get("together") or []],
     }
 
 

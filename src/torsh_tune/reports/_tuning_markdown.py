@@ -120,12 +120,10 @@ ABLATION_COLUMNS = ("knob", "value", "baseline value", "speed with it (95 % CI)"
 
 def ablation_method(a: Mapping[str, Any]) -> str:
     """How the ablation (`TuningInfo.ablation`) decided, in a few sentences (the markdown and HTML reports)."""
-    grouped = any(k.get("tested_with") for k in a["knobs"]) or any("were reverted together first" in n
-                                                                    for n in a["notes"])
     return (f"Each change of trial {a['trial']} was reverted to the baseline's value and run against the "
             "configuration with it, interleaved; a change is kept only when its removal costs speed beyond the noise."
             + (" The changes no finding of the baseline asked for were first reverted together, to be dropped "
-               "together if that cost nothing." if grouped else "")
+               "together if that cost nothing." if a["together"] else "")
             + " A kept change's share is ln(its speedup) / ln(the total).")
 
 
