@@ -583,6 +583,9 @@ def test_a_loader_that_starts_its_workers_every_epoch_is_found_and_its_patch_kee
     waits for their first batch: the median step never shows it, the finding and its patch do."""
     from helpers import run_cli
 
+    from torsh_tune.autotune import advisor_params, build_space
+    from torsh_tune.autotune.objective import effective_settings
+    from torsh_tune.autotune.seeding import script_values
     from torsh_tune.reports import patch_to_toml
 
     example = DATA.parents[1] / "examples" / "data_bound.py"
@@ -611,6 +614,12 @@ def test_a_loader_that_starts_its_workers_every_epoch_is_found_and_its_patch_kee
     assert gain["of"] == "measured" and gain["high_pct"] == pytest.approx(ev["restart_pct"], abs=0.01)
     assert gain["low_pct"] == pytest.approx(max(0.0, ev["restart_pct"] - ev["first_batch_pct"]), abs=0.01)
     assert "% of the measured time" in (run / "report" / "report.md").read_text()
+    # The tuner's trial of it keeps the script's 2 workers (PyTorch's default 0 would make it trial 0).
+    space = build_space(nproc_per_node=2, cpu_count=2)
+    assert script_values([str(run)]) == {"dataloader.num_workers": 2}
+    [(_, params)] = advisor_params([{"rank": 1, "name": rec["title"], "config_patch": rec["config_patch"]}], space,
+                                   script=script_values([str(run)]))
+    assert (params["dataloader.num_workers"], params["dataloader.persistent_workers"]) == (2, True)
     # The patch, as the user would apply it: the workers start once, in the warm-up, and no finding is left.
     config = tmp_path / "persistent.toml"
     config.write_text(patch_to_toml(rec["config_patch"]))
@@ -621,6 +630,10 @@ def test_a_loader_that_starts_its_workers_every_epoch_is_found_and_its_patch_kee
     assert [s["step"] for s in steps if s.get("loader_starts")] == [0]
     report = json.loads((run / "report" / "report.json").read_text())
     assert not [b for b in report["bottlenecks"] if "restart_pct" in b["evidence"]]
+    # What ran, as the tuner compares runs: the same workers, now persistent.
+    assert effective_settings(run)["dataloaders"] == [
+        {"num_workers": 2, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": True}]
+    assert effective_settings(tmp_path / "restarts")["dataloaders"][0]["persistent_workers"] is False
 
 
 def test_a_loader_restarts_cost_leaves_out_the_evaluation_in_its_step_and_is_advised_in_the_frameworks_terms():

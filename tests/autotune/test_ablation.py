@@ -40,6 +40,7 @@ BASE = RunConfig.from_dict({"launch": {"nproc_per_node": 2}, "budget": {"kill_gr
 BUCKET = 60.91964802953841
 SPEC = {"ddp.first_bucket_cap_mb": {"value": 1.0}, "ddp.gradient_as_bucket_view": {"value": False},
         "dataloader.num_workers": {"choices": [0, 2]}, "dataloader.prefetch_factor": {"value": 2},
+        "dataloader.persistent_workers": {"value": False},
         "omp_num_threads": {"value": 1}, "compression.method": {"choices": ["none", "fp16"]}}
 WINNER = {"ddp.bucket_cap_mb": BUCKET, "ddp.static_graph": False, "dataloader.num_workers": 2,
           "compression.method": "fp16"}
@@ -84,9 +85,11 @@ def test_the_ablation_keeps_the_workers_and_drops_the_rest(study):
     assert a.better and a.run_dirs == workers.run_dirs and a.speedup == workers.ratio
     assert workers.share == 1.0 and workers.share_ci == (1.0, 1.0)
     assert result.best_params == a.params and a.params["dataloader.num_workers"] == 2
-    # Only the workers differ from trial 0 (the baseline's settings); prefetch_factor comes with them at its default.
+    # Only the workers differ from trial 0 (the baseline's settings); prefetch_factor and persistent_workers come with
+    # them (each fixed by the space).
     changed = {k: v for k, v in a.params.items() if v != result.trials[0].params.get(k)}
-    assert changed == {"dataloader.num_workers": 2, "dataloader.prefetch_factor": 2}
+    assert changed == {"dataloader.num_workers": 2, "dataloader.prefetch_factor": 2,
+                       "dataloader.persistent_workers": False}
     assert result.best_speedup == a.speedup and result.best_ci == (a.ci_low, a.ci_high)
     best = load_config_file(study_dir / "best.toml")
     assert best.strategy.dataloader.num_workers == 2 and best.strategy.compression.method == "none"

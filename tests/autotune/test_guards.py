@@ -30,6 +30,7 @@ BASE = RunConfig.from_dict({"launch": {"nproc_per_node": 2}, "profiler": {"loss_
 SPEC = {"ddp.bucket_cap_mb": {"value": 25.0}, "ddp.first_bucket_cap_mb": {"value": 1.0},
         "ddp.gradient_as_bucket_view": {"value": False}, "ddp.static_graph": {"value": False},
         "dataloader.num_workers": {"choices": [0, 2]}, "dataloader.prefetch_factor": {"value": 2},
+        "dataloader.persistent_workers": {"value": False},
         "omp_num_threads": {"value": 1}, "compression.method": {"choices": ["none", "topk"]},
         "compression.ratio": {"value": 0.001}}
 TOPK = {"compression.method": "topk", "dataloader.num_workers": 0}
@@ -99,6 +100,35 @@ def _fingerprint(loader: DataLoader) -> dict:
     for step, batch in enumerate(it):
         fp.observe(batch, len(batch[0]), step, it)
     return meta["data_fingerprint"]
+
+
+def _epochs_fingerprint(persistent: bool) -> dict:
+    """Steps 4-5 (the second epoch's first half) of a shuffling loader with 2 workers, from seed 0."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 4, (32,), generator=g))
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=2, persistent_workers=persistent)
+    meta: dict = {}
+    fp = DataFingerprint(meta, first_step=4, end_step=6)
+    step = 0
+    for _ in range(2):
+        it = iter(loader)
+        for batch in it:
+            fp.observe(batch, len(batch[0]), step, it)
+            step += 1
+    return meta["data_fingerprint"]
+
+
+def test_persistent_workers_reorder_a_shuffled_epoch_and_the_guard_names_them():
+    """PyTorch's own behaviour: a persistent iterator draws no new worker seed from the global RNG per epoch,
+    so a sampler seeded from it (shuffle=True, no generator) orders the second epoch otherwise."""
+    base = {0: _epochs_fingerprint(False)}
+    assert _epochs_fingerprint(False)["digest"] == base[0]["digest"]  # the baseline repeats agree
+    trial = {0: _epochs_fingerprint(True)}
+    # Blamed on the persistence, not on the workers it needs (which would leave the study's space).
+    check = check_data(trial, [base, base], changed={"dataloader.num_workers": 2, "dataloader.persistent_workers": True})
+    assert not check.ok and check.reason.startswith("data_changed") and check.knob == "dataloader.persistent_workers"
+    assert check_data({0: _epochs_fingerprint(False)}, [base, base], changed={"dataloader.num_workers": 2}).ok
 
 
 def test_check_data_tells_shuffling_augmentation_and_other_samples_apart():

@@ -84,6 +84,28 @@ def test_values_outside_a_narrowed_space_and_duplicates_are_skipped():
     assert advisor_params([fp16], space, exclude=[user]) == []
 
 
+def test_a_knob_that_needs_the_scripts_workers_is_seeded_with_them():
+    """`persistent_workers` alone (keep the workers the script starts every epoch): laid over PyTorch's
+    0 workers it would not be asked at all; with the script's own workers it is the trial the finding means."""
+    keep = _row(1, "Keep the DataLoader's workers between epochs", {"dataloader": {"persistent_workers": True}})
+    space = build_space(nproc_per_node=2, cpu_count=8)
+    skipped: list[str] = []
+    assert advisor_params([keep], space, skipped=skipped) == []
+    assert "the same trial as the PyTorch defaults" in skipped[0]
+    [(rank, params)] = advisor_params([keep], space, script={"dataloader.num_workers": 2})
+    assert rank == 1 and params["dataloader.num_workers"] == 2 and params["dataloader.persistent_workers"] is True
+    assert params["dataloader.prefetch_factor"] == 2  # the condition's other dimension at its default
+    config = space.to_config(RunConfig(), params)
+    assert (config.strategy.dataloader.num_workers, config.strategy.dataloader.persistent_workers) == (2, True)
+    # A patch that names the workers keeps its own; a script without workers, or a space that fixes them, adds none.
+    both = _row(2, "Load data in 3 workers", {"dataloader": {"num_workers": 3, "persistent_workers": True}})
+    [(_, params)] = advisor_params([both], space, script={"dataloader.num_workers": 2})
+    assert params["dataloader.num_workers"] == 3
+    assert advisor_params([keep], space, script={"dataloader.num_workers": 0}) == []
+    fixed = build_space(nproc_per_node=2, cpu_count=8, spec={"dataloader.num_workers": {"value": 0}})
+    assert advisor_params([keep], fixed, script={"dataloader.num_workers": 2}) == []
+
+
 def _baseline_run(tmp_path, *, reference_busbw_gbps=None):
     run = tmp_path / "baseline" / "00"
     shutil.copytree(RECORDED / "comm_bound", run)

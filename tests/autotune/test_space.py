@@ -29,6 +29,7 @@ def test_conditional_dimensions_follow_their_parents():
     for params, asked in samples:
         assert asked == {k: v for k, v in params.items() if not space.dims[k].fixed}
         assert ("dataloader.prefetch_factor" in params) == (params["dataloader.num_workers"] > 0)
+        assert ("dataloader.persistent_workers" in params) == (params["dataloader.num_workers"] > 0)
         assert ("compression.rank" in params) == (params["compression.method"] == "powersgd")
         assert ("compression.ratio" in params) == (params["compression.method"] in ("topk", "adaptive"))
         assert 1.0 <= params["ddp.bucket_cap_mb"] <= 200.0
@@ -38,6 +39,7 @@ def test_conditional_dimensions_follow_their_parents():
     # Both branches are actually reached.
     assert any(p["dataloader.num_workers"] > 0 for p, _ in samples)
     assert any(p["dataloader.num_workers"] == 0 for p, _ in samples)
+    assert {p.get("dataloader.persistent_workers") for p, _ in samples} == {None, False, True}
 
 
 def test_static_graph_only_without_gradient_accumulation_and_pin_memory_only_with_cuda():
@@ -112,12 +114,13 @@ def test_fixed_trial_builds_a_config_that_round_trips_through_toml():
     trial = optuna.trial.FixedTrial({
         "ddp.bucket_cap_mb": 50.0, "ddp.first_bucket_cap_mb": 2.0, "ddp.gradient_as_bucket_view": True,
         "ddp.static_graph": False, "dataloader.num_workers": 2, "dataloader.prefetch_factor": 4, "omp_num_threads": 2,
+        "dataloader.persistent_workers": True,
         "compression.method": "powersgd", "compression.rank": 2, "compression.start_iter": 5,
     })
     params = space.suggest(trial)
     config = space.to_config(RunConfig(), params)
     assert config.strategy.ddp.bucket_cap_mb == 50.0 and config.strategy.ddp.first_bucket_cap_mb == 2.0
-    assert config.strategy.dataloader.prefetch_factor == 4
+    assert config.strategy.dataloader.prefetch_factor == 4 and config.strategy.dataloader.persistent_workers is True
     assert config.strategy.compression.method == "powersgd" and config.strategy.compression.rank == 2
     assert config.launch.env == {"OMP_NUM_THREADS": "2"}
     assert RunConfig.from_toml(dump_toml(config)) == config

@@ -244,7 +244,9 @@ def _loader_restart(b: Bottleneck, ctx: _Context) -> list[Recommendation]:
         f"{every}: those steps take {1e3 * float(ev['median_restart_step_s']):.0f} ms against "
         f"{1e3 * float(ev['usual_step_s']):.0f} ms, {pct:.1f} % of the measured time beyond a usual step. "
         "Persistent workers stay alive and only get the next epoch's indices (each keeps its copy of the dataset "
-        f"in memory between epochs). Where: {where}; zero-code, the patch applies it to every DataLoader of the "
+        "in memory between epochs). A loader that shuffles from the global RNG (shuffle=True, no generator and no "
+        "DistributedSampler) then draws one seed fewer per epoch, so the epochs after the first come in other, "
+        f"equally random orders. Where: {where}; zero-code, the patch applies it to every DataLoader of the "
         "script",
         {"dataloader": {"persistent_workers": True}},
         _gain(max(0.0, pct - first), pct,

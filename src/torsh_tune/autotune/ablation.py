@@ -57,14 +57,15 @@ __all__ = ["ABLATION_ORDER", "Ablation", "KnobEffect", "PairedRuns", "ablate", "
 
 #: The order knobs are tested in: lossy and risky first (a knob dropped early is not paid for
 #: by later tests; the compression options go with their method, so they follow it), and
-#: `prefetch_factor` before the workers, so that when only the workers earn the speedup the
-#: last test is the minimal configuration against the baseline itself (no separate re-check).
+#: `persistent_workers` and `prefetch_factor` before the workers, so that when only the workers
+#: earn the speedup the last test is the minimal configuration against the baseline itself (no
+#: separate re-check).
 ABLATION_ORDER = (
     "compression.method", "compression.ratio", "compression.rank", "compression.start_iter",
     "collectives.hierarchical", "ddp.static_graph", "ddp.broadcast_buffers", "ddp.gradient_as_bucket_view",
     "ddp.first_bucket_cap_mb",
     "ddp.bucket_cap_mb", "collectives.nccl_algo", "collectives.nccl_proto", "omp_num_threads",
-    "dataloader.pin_memory", "dataloader.prefetch_factor", "dataloader.num_workers",
+    "dataloader.pin_memory", "dataloader.persistent_workers", "dataloader.prefetch_factor", "dataloader.num_workers",
     "fsdp.reshard_after_forward", "pipeline.schedule", "pipeline.n_microbatches", "strategy.kind",
     "training.gradient_accumulation_steps",
 )

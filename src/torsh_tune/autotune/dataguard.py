@@ -40,9 +40,12 @@ __all__ = ["BATCH_KNOBS", "DATA_KNOBS", "DataCheck", "check_data", "run_fingerpr
 
 #: Search dimensions that change the batch by design (searched only with allow_batch_changes).
 BATCH_KNOBS = ("training.gradient_accumulation_steps",)
-#: Search dimensions that can change what the ranks read, most likely culprit first.
-DATA_KNOBS = ("dataloader.num_workers", *BATCH_KNOBS, "strategy.kind", "pipeline.n_microbatches",
-              "pipeline.schedule", "dataloader.prefetch_factor", "dataloader.pin_memory")
+#: Search dimensions that can change what the ranks read, most likely culprit first. Persistent
+#: workers come before the workers they need: a persistent iterator draws no worker seed from the
+#: global RNG per epoch, so a sampler seeded from it (shuffle=True, no generator) orders the next
+#: epochs otherwise; blaming the workers for that would drop the knob a data-bound study needs.
+DATA_KNOBS = ("dataloader.persistent_workers", "dataloader.num_workers", *BATCH_KNOBS, "strategy.kind",
+              "pipeline.n_microbatches", "pipeline.schedule", "dataloader.prefetch_factor", "dataloader.pin_memory")
 # A trial may read each sample this much more often than the baseline before it is a duplication
 # (the last, partial batch of an epoch or a window edge moves the ratio a little).
 _DUPLICATE_SLACK = 1.2

@@ -27,9 +27,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..fabric import CommModel
-from .space import BASELINE_PARAMS, SearchSpace
+from .space import BASELINE_PARAMS, CONDITIONS, SearchSpace
 
-__all__ = ["advisor_params", "asked_for", "seed_study"]
+__all__ = ["advisor_params", "asked_for", "script_values", "seed_study"]
 
 _log = logging.getLogger(__name__)
 
@@ -42,12 +42,16 @@ def advisor_params(
     *,
     exclude: Sequence[Mapping[str, Any]] = (),
     skipped: list[str] | None = None,
+    script: Mapping[str, Any] | None = None,
 ) -> list[tuple[int, dict[str, Any]]]:
     """The advisor's candidates as trial parameters of `space`, best first, distinct.
 
     Each candidate's patch is laid over the PyTorch defaults (`space.baseline_params()`,
     trial 0), and the conditional dimensions follow as `space.suggest` would ask them
     (`compression.rank` only for PowerSGD, ...; a missing one takes its PyTorch default).
+    A patch that names a conditional dimension but not its condition (`persistent_workers`
+    without `num_workers`: keep the script's workers alive) takes the condition's value from
+    `script`, what the baseline ran with; PyTorch's default 0 would leave the knob unasked.
 
     Args:
         candidates: `strategy_advice` / `advisor.advice_table` rows (`rank`, `name`,
@@ -55,6 +59,7 @@ def advisor_params(
         space: the study's search space.
         exclude: parameter sets already enqueued (trial 0 is always excluded).
         skipped: receives one line per candidate left out, with the reason.
+        script: dimension -> the baseline's own value (`script_values`), for those conditions.
 
     Returns:
         (advisor rank, parameters) per candidate that differs from trial 0, `exclude`
@@ -81,6 +86,7 @@ def advisor_params(
         if problem:
             notes.append(f"#{rank} {name}: {problem}")
             continue
+        wanted = {**_conditions_of(wanted, space, script or {}), **wanted}
         params = _complete(space, {**space.baseline_params(), **wanted_kind, **wanted})
         key = _key(params)
         if key in seen:
@@ -90,6 +96,40 @@ def advisor_params(
         seen.add(key)
         out.append((rank, params))
     return out
+
+
+def _conditions_of(wanted: Mapping[str, Any], space: SearchSpace, script: Mapping[str, Any]) -> dict[str, Any]:
+    """The script's values of the conditions `wanted`'s dimensions need and do not name (`CONDITIONS`)."""
+    out: dict[str, Any] = {}
+    for name in wanted:
+        condition = CONDITIONS.get(name)
+        if condition is None or condition in wanted or condition not in script:
+            continue
+        dim = space.dims.get(condition)
+        value = script[condition]
+        if dim is not None and not dim.fixed and dim.contains(value) and value > 0:
+            out[condition] = value
+    return out
+
+
+def script_values(run_dirs: Sequence[str]) -> dict[str, Any]:
+    """The search dimensions' values the baseline ran with, where the trials' conditions need them.
+
+    `dataloader.num_workers`: the most workers any of the first recorded run's DataLoaders had
+    (the training loader's, next to an evaluation loader's fewer).
+    """
+    from .objective import effective_settings
+
+    for run_dir in run_dirs:
+        try:
+            settings = effective_settings(run_dir)
+        except (OSError, ValueError):
+            settings = None
+        if settings is None:
+            continue
+        workers = [int(d.get("num_workers") or 0) for d in settings.get("dataloaders") or ()]
+        return {"dataloader.num_workers": max(workers)} if workers else {}
+    return {}
 
 
 def _asked(rows: Sequence[Mapping[str, Any]], space: SearchSpace) -> list[str]:
@@ -286,7 +326,7 @@ def _enqueue_advisor(study, space: SearchSpace, run_dirs: Sequence[str], *,
         rows = tuple({"rank": r.priority, "name": r.title, "config_patch": r.config_patch} for r in recs)
         skipped = [f"#{r.priority} {r.title}: no config knob (a code change)" for r in recs if not r.config_patch]
         trials = advisor_params([row for row in rows if row["config_patch"]], space,
-                                exclude=[*exclude, *enqueued], skipped=skipped)
+                                exclude=[*exclude, *enqueued], skipped=skipped, script=script_values(run_dirs))
         by_rank = {r.priority: r for r in recs}
         for rank, params in trials:
             gain = by_rank[rank].expected_gain

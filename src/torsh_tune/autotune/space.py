@@ -18,8 +18,9 @@ Conditional dimensions (each rule is asked in `SearchSpace.suggest`, offered or 
   own, a change of the model's state the loss guard cannot see).
 - `ddp.first_bucket_cap_mb` (log) never above the trial's bucket cap, and not when the base
   config sizes every bucket (`bucket_cap_mb_list`; config forbids both).
-- `dataloader.prefetch_factor` only when `dataloader.num_workers > 0` (PyTorch rejects it
-  otherwise); `dataloader.pin_memory` only with CUDA (it only speeds host-to-device copies).
+- `dataloader.prefetch_factor` and `dataloader.persistent_workers` only when
+  `dataloader.num_workers > 0` (PyTorch rejects them otherwise; `CONDITIONS`);
+  `dataloader.pin_memory` only with CUDA (it only speeds host-to-device copies).
 - `compression.*` only for DDP; `compression.rank`/`start_iter` only for PowerSGD,
   `compression.ratio` only for Top-K and adaptive.
 - `collectives.nccl_algo` (Ring, Tree) and `collectives.nccl_proto` (Simple, LL, LL128) only
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # optuna is only needed when a trial is suggested
 
 __all__ = [
     "BASELINE_PARAMS",
+    "CONDITIONS",
     "Dimension",
     "SearchSpace",
     "build_space",
@@ -105,6 +107,7 @@ BASELINE_PARAMS: dict[str, Any] = {
     "pipeline.n_microbatches": 4,
     "dataloader.num_workers": 0,
     "dataloader.prefetch_factor": 2,
+    "dataloader.persistent_workers": False,
     "dataloader.pin_memory": False,
     "omp_num_threads": 1,
     "collectives.nccl_algo": "auto",
@@ -114,6 +117,14 @@ BASELINE_PARAMS: dict[str, Any] = {
     "compression.start_iter": 10,
     "compression.ratio": 0.01,
     "collectives.hierarchical": False,
+}
+
+#: Dimension -> the dimension that must be above 0 for it to be asked (`SearchSpace.suggest`).
+#: A patch that names one without its condition (keep the script's workers alive) needs the
+#: script's own value of the condition, not PyTorch's default 0 (`seeding.advisor_params`).
+CONDITIONS: dict[str, str] = {
+    "dataloader.prefetch_factor": "dataloader.num_workers",
+    "dataloader.persistent_workers": "dataloader.num_workers",
 }
 
 _SPEC_KEYS = {"low", "high", "log", "step", "choices", "value"}
@@ -229,8 +240,9 @@ class SearchSpace:
             take("pipeline.schedule")
             take("pipeline.n_microbatches")
         take("dataloader.num_workers")
-        if params.get("dataloader.num_workers", 0) > 0:
-            take("dataloader.prefetch_factor")
+        for name, condition in CONDITIONS.items():
+            if params.get(condition, 0) > 0:
+                take(name)
         take("dataloader.pin_memory")
         take("omp_num_threads")
         take("collectives.nccl_algo")
@@ -354,6 +366,7 @@ def _default_dims(*, nproc_per_node: int, cpu_count: int) -> dict[str, Dimension
             # file systems, object stores) gains from workers beyond the cores; the trial measures it.
             Dimension(name="dataloader.num_workers", kind="int", low=0, high=min(8, max(4, cores_per_rank))),
             Dimension(name="dataloader.prefetch_factor", kind="int", low=1, high=8),
+            Dimension(name="dataloader.persistent_workers", kind="bool", choices=(False, True)),
             Dimension(name="dataloader.pin_memory", kind="bool", choices=(False, True)),
             Dimension(name="omp_num_threads", kind="int", low=1, high=cores_per_rank),
             Dimension(name="collectives.nccl_algo", kind="categorical", choices=("auto", "Ring", "Tree"),

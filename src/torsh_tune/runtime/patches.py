@@ -339,11 +339,12 @@ def _record_loader(rt: "RankRuntime", it: _BaseDataLoaderIter) -> None:
     """Keep the settings this DataLoader iterator really runs with in meta.json `dataloaders`.
 
     What ran, not what was asked: pin_memory is off without an accelerator, prefetch_factor
-    only counts with workers. The tuner compares these between runs (`effective_settings`).
+    and persistent_workers only count with workers. The tuner compares these between runs (`effective_settings`).
     """
     workers = int(it._num_workers)
     prefetch = getattr(it, "_prefetch_factor", None) if workers else None
-    info = {"num_workers": workers, "prefetch_factor": prefetch, "pin_memory": bool(it._pin_memory)}
+    info = {"num_workers": workers, "prefetch_factor": prefetch, "pin_memory": bool(it._pin_memory),
+            "persistent_workers": bool(workers and it._persistent_workers)}
     seen = rt.meta.setdefault("dataloaders", [])
     if info not in seen:  # a new iterator per epoch: the meta file is written once per setting
         seen.append(info)
