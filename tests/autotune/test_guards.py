@@ -126,7 +126,8 @@ def test_persistent_workers_reorder_a_shuffled_epoch_and_the_guard_names_them():
     assert _epochs_fingerprint(False)["digest"] == base[0]["digest"]  # the baseline repeats agree
     trial = {0: _epochs_fingerprint(True)}
     # Blamed on the persistence, not on the workers it needs (which would leave the study's space).
-    check = check_data(trial, [base, base], changed={"dataloader.num_workers": 2, "dataloader.persistent_workers": True})
+    both = {"dataloader.num_workers": 2, "dataloader.persistent_workers": True}
+    check = check_data(trial, [base, base], changed=both)
     assert not check.ok and check.reason.startswith("data_changed") and check.knob == "dataloader.persistent_workers"
     assert check_data({0: _epochs_fingerprint(False)}, [base, base], changed={"dataloader.num_workers": 2}).ok
 

@@ -288,7 +288,8 @@ def test_ddps_builtin_allreduce_is_one_record_per_step_from_its_timers(installed
 def test_dataloaders_run_with_the_runs_overrides(installed):
     out, _, _, meta, _ = installed
     assert meta["dataloader_overrides"] == {"pin_memory": False}
-    assert meta["dataloaders"] == [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False}]
+    assert meta["dataloaders"] == [{"num_workers": 0, "prefetch_factor": None, "pin_memory": False,
+                                   "persistent_workers": False}]
     assert out["positional_error"] == ("DataLoader arguments must be passed by keyword after batch_sampler when "
                                        "overrides apply, but got 'positional'")
 

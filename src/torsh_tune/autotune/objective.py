@@ -403,8 +403,8 @@ def effective_settings(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None
     A trial that spells out PyTorch's defaults (`bucket_cap_mb = 25`, 0 workers, ...) and a
     baseline that leaves them unset run the same job; their configs differ, this does not.
     DDP from meta.json `ddp_models` (bucket caps, gradient views, static graph, comm hook),
-    DataLoaders from `dataloaders` (workers, prefetch, pin_memory, persistent workers as run), threads from
-    `omp_num_threads`/`num_threads`; the strategy's other sections and the launch
+    DataLoaders from `dataloaders` (workers, prefetch, pin_memory, persistent workers as run),
+    threads from `omp_num_threads`/`num_threads`; the strategy's other sections and the launch
     environment (less OMP_NUM_THREADS) from config.json.
 
     Returns:

@@ -338,8 +338,9 @@ def _patch_dataloader(rt: "RankRuntime") -> None:
 def _record_loader(rt: "RankRuntime", it: _BaseDataLoaderIter) -> None:
     """Keep the settings this DataLoader iterator really runs with in meta.json `dataloaders`.
 
-    What ran, not what was asked: pin_memory is off without an accelerator, prefetch_factor
-    and persistent_workers only count with workers. The tuner compares these between runs (`effective_settings`).
+    What ran, not what was asked: pin_memory is off without an accelerator, prefetch_factor and
+    persistent_workers only count with workers. The tuner compares these between runs
+    (`effective_settings`).
     """
     workers = int(it._num_workers)
     prefetch = getattr(it, "_prefetch_factor", None) if workers else None
