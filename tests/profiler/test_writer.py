@@ -34,10 +34,11 @@ def test_shared_fields_are_written_once_per_record_with_its_own_fields(tmp_path)
     assert shared["issuer"] == "user"  # readers in the process see the fields as a dict
 
 
-def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_write_it(tmp_path):
-    # A synchronous host-clock call's tuple takes its kind's template; its record (helpers.host_call_record),
-    # the same fields in another order, or a record with one more field, take the encoder: the lines read
-    # the same.
+def test_a_host_call_record_is_written_in_fixed_point_as_the_encoder_would_write_its_fields(tmp_path):
+    # A synchronous host-clock call's tuple takes its kind's prefix and one f-string; its record
+    # (helpers.host_call_record), the same fields in another order, or a record with one more field, take the
+    # encoder: the lines read the same fields, the tuple's times in fixed point (Unix seconds to 0.1 us,
+    # durations to 1 ns).
     from helpers import host_call_record
 
     run = RunDir(tmp_path / "run")
@@ -46,6 +47,7 @@ def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_writ
                            "dtype": "float32", "bucket": -1})
     sites = [(SharedFields({}), "user"), (shared, "user")]
     kept = (1, 4, 9, 4096, 10.000001, 10.0000135)  # as the capture keeps the call: its site's index in `sites`
+    # perf_counter times as the capture takes them; the line adds the process's clock offset (a Unix time)
     call = host_call_record(kept, sites)
     assert call.pop("_s") is shared and tuple(call) == HOST_CALL_FIELDS
     other = dict(reversed(list(call.items())))
@@ -58,11 +60,33 @@ def test_a_host_call_record_is_written_by_its_template_as_the_encoder_would_writ
     writer.close()
     lines = run.rank_file(0, "comm").read_text().splitlines()
     assert lines[0].startswith('{"rank":1,') and lines[3].startswith('{"step":0,')
-    assert lines[4] == lines[0]
     got = [json.loads(line) for line in lines]
     assert got[0] == got[1] == {**shared, **call} and got[2] == {**shared, **longer} and got[3] == bare
-    assert got[0]["blocked_s"] == got[0]["duration_s"] == pytest.approx(12.5e-6)
-    assert lines[0] == shared.template % tuple(call.values())  # the template's own line
+    tuple_line = got[4]
+    assert list(tuple_line) == [*shared, *HOST_CALL_FIELDS]  # the encoder's order
+    for key in HOST_CALL_FIELDS:
+        assert tuple_line[key] == pytest.approx(got[0][key], rel=0, abs=1e-7 if key.startswith("t_") else 1e-9), key
+    assert tuple_line["blocked_s"] == tuple_line["duration_s"] == 12.5e-6  # '0.000012500'
+    assert lines[4].endswith(f'"t_issue":{call["t_issue"]:.7f},"blocked_s":0.000012500,"duration_s":0.000012500,'
+                             f'"t_complete":{call["t_complete"]:.7f}}}')
+
+
+def test_a_host_call_line_reads_back_as_the_same_unix_time():
+    # Fixed point to 0.1 us loses nothing of a Unix time of these decades (a float64 holds 0.24 us of it).
+    import random
+
+    from torsh_tune.profiler._clock import offset as clock_offset
+    from torsh_tune.profiler.writer import _line
+
+    rng = random.Random(0)
+    sites = [(SharedFields({"rank": 0}), "user")]
+    offset = clock_offset()
+    for _ in range(2000):
+        t0 = time.perf_counter() + rng.uniform(0, 1e6)
+        t1 = t0 + rng.uniform(0, 0.01)
+        got = json.loads(_line((0, 1, 2, 8, t0, t1), sites))
+        assert got["t_issue"] == t0 + offset and got["t_complete"] == t1 + offset
+        assert abs(got["duration_s"] - (t1 - t0)) <= 5e-10
 
 
 def test_the_writer_thread_writes_within_the_interval_and_loses_nothing_written_meanwhile(tmp_path):

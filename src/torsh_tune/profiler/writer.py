@@ -28,22 +28,18 @@ class SharedFields(dict):
     collective was the largest part of the probes' per-collective cost.
     """
 
-    __slots__ = ("json", "template")
+    __slots__ = ("json", "prefix")
 
     def __init__(self, fields: dict[str, Any]) -> None:
         super().__init__(fields)
         self.json = _encode(fields)[1:-1]
-        # The line of a synchronous host-clock call kept as a tuple (`host_call_values`, the most common
-        # collective record), by one `%`: no encoder call per record.
-        own = ",".join(f'"{k}":%{c}' for k, c in _HOST_CALL_FORMAT)
-        self.template = "{" + (self.json + "," if self.json else "") + own + "}"
+        # What a line of a synchronous host-clock call kept as a tuple (`host_call_values`, the most common
+        # collective record) starts with; `_line` appends the call's own fields.
+        self.prefix = "{" + (self.json + "," if self.json else "")
 
 
-# The per-call fields of a synchronous host-clock collective's record, in the order `host_call_values` gives
-# them, and how each is written (%d: an int; %r: a float, as json writes a finite one).
-_HOST_CALL_FORMAT = (("step", "d"), ("seq", "d"), ("bytes", "d"), ("wire_bytes", "d"), ("t_issue", "r"),
-                     ("blocked_s", "r"), ("duration_s", "r"), ("t_complete", "r"))
-HOST_CALL_FIELDS = tuple(k for k, _ in _HOST_CALL_FORMAT)
+# The per-call fields of a synchronous host-clock collective's record, in the order `host_call_values` gives them.
+HOST_CALL_FIELDS = ("step", "seq", "bytes", "wire_bytes", "t_issue", "blocked_s", "duration_s", "t_complete")
 
 
 def host_call_values(call: tuple) -> tuple:
@@ -70,7 +66,14 @@ class _Stream:
 
 def _line(record: dict[str, Any] | tuple, call_sites: list[tuple[SharedFields, str]]) -> str:
     if type(record) is tuple:  # a synchronous host-clock call (`host_call_values`)
-        return call_sites[record[0]][0].template % host_call_values(record)
+        # Written by one f-string, times in fixed point: Unix seconds to 0.1 us (a float64 holds 0.24 us of
+        # a Unix time between 2004 and 2038, so the line reads back as the same float), durations to 1 ns. `repr` of those floats
+        # (the shortest round trip: 17 digits) was half the instructions of a collective's probes, ~2 us of
+        # its ~2.3 us line (benchmarks/probe_instructions.py, BENCHMARKS.md).
+        i, step, seq, nbytes, t0, t1 = record
+        d = f"{t1 - t0:.9f}"
+        return (f'{call_sites[i][0].prefix}"step":{step},"seq":{seq},"bytes":{nbytes},"wire_bytes":{nbytes},'
+                f'"t_issue":{t0 + _OFFSET:.7f},"blocked_s":{d},"duration_s":{d},"t_complete":{t1 + _OFFSET:.7f}}}')
     shared = record.pop("_s", None)
     line = _encode(record)
     if shared:  # no fields shared: the record's own line as it is
