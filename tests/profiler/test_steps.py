@@ -736,5 +736,32 @@ def test_blocked_time_is_split_over_phases_as_a_comparison_of_every_pair_would()
         phases = [(rng.choice(("forward", "backward", "optimizer")), a, a + rng.random() * 5)
                   for a in (10.0 + rng.random() * t for _ in range(rng.randrange(1, 6)))]
         got = dict.fromkeys(("forward", "backward", "optimizer"), 0.0)
-        _split_over_phases(list(calls), phases, got)
+        blocked = sorted(calls)
+        _split_over_phases(blocked, [s for s, _ in blocked], [e for _, e in blocked], phases, got)
         assert got == pytest.approx(every_pair(calls, phases), abs=1e-9)
+
+
+def test_the_union_of_intervals_is_their_merged_length():
+    import random
+
+    from torsh_tune.profiler.steps import _union
+
+    def merged(spans):
+        total, end = 0.0, float("-inf")
+        for s, e in sorted(spans):
+            if e > end:
+                total += e - max(s, end)
+                end = e
+        return total
+
+    rng = random.Random(1)
+    for trial in range(300):
+        t, spans = 10.0, []
+        for _ in range(rng.randrange(0, 40)):  # disjoint (one thread's calls), touching or apart
+            t += rng.choice((0.0, rng.random()))
+            spans.append((t, t + rng.random()))
+            t = spans[-1][1]
+        if trial % 2 and spans:  # and half of the time, spans that overlap them
+            spans += [(a, a + rng.random() * 3) for a in (10.0 + rng.random() * t for _ in range(rng.randrange(1, 4)))]
+        rng.shuffle(spans)
+        assert _union(spans) == pytest.approx(merged(spans), abs=1e-9)

@@ -60,15 +60,35 @@ def test_a_host_call_record_is_written_in_fixed_point_as_the_encoder_would_write
     writer.close()
     lines = run.rank_file(0, "comm").read_text().splitlines()
     assert lines[0].startswith('{"rank":1,') and lines[3].startswith('{"step":0,')
+    assert lines[4] == lines[0]  # the tuple's line is the encoder's, character for character
     got = [json.loads(line) for line in lines]
-    assert got[0] == got[1] == {**shared, **call} and got[2] == {**shared, **longer} and got[3] == bare
-    tuple_line = got[4]
-    assert list(tuple_line) == [*shared, *HOST_CALL_FIELDS]  # the encoder's order
-    for key in HOST_CALL_FIELDS:
-        assert tuple_line[key] == pytest.approx(got[0][key], rel=0, abs=1e-7 if key.startswith("t_") else 1e-9), key
-    assert tuple_line["blocked_s"] == tuple_line["duration_s"] == 12.5e-6  # '0.000012500'
-    assert lines[4].endswith(f'"t_issue":{call["t_issue"]:.7f},"blocked_s":0.000012500,"duration_s":0.000012500,'
+    assert got[0] == got[1] and got[2] == {**got[0], "grad_bytes": 4096}
+    for line, want in ((got[0], {**shared, **call}), (got[3], bare)):
+        assert list(line) == list(want)  # the encoder's order: fixed-point times after the rest
+        for key, value in want.items():
+            assert line[key] == (pytest.approx(value, rel=0, abs=1e-7 if key.startswith("t_") else 1e-9)
+                                 if isinstance(value, float) else value), key
+    assert got[0]["blocked_s"] == got[0]["duration_s"] == 12.5e-6
+    assert lines[0].endswith(f'"t_issue":{call["t_issue"]:.7f},"blocked_s":0.000012500,"duration_s":0.000012500,'
                              f'"t_complete":{call["t_complete"]:.7f}}}')
+
+
+def test_records_write_times_and_durations_in_fixed_point_and_every_other_value_as_json_does(tmp_path):
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=60)
+    record = {"rank": 0, "step": 3, "t_start": 1796613308.3540378, "step_s": 0.001066446304321289,
+              "loss": 0.026325833052396774, "cpu_pct": 12.3456789012345, "pcie_tx_bytes_per_s": 1234.56789012345,
+              "eval_s": float("nan"), "timeout_s": float("inf"), "host_step_s": -0.5, "tokens": None, "warmup": True}
+    writer.write("steps", dict(record))
+    writer.close()
+    line = run.rank_file(0, "steps").read_text()
+    assert '"t_start":1796613308.3540378' in line and '"step_s":0.001066446' in line and '"host_step_s":-0.500000000' in line
+    got = json.loads(line)
+    assert got["t_start"] == record["t_start"]  # 0.1 us: the same float for a Unix time of these decades
+    # a loss, a percentage and a rate keep every digit; NaN and infinities keep json's spelling
+    for key in ("loss", "cpu_pct", "pcie_tx_bytes_per_s", "tokens", "warmup", "rank", "step"):
+        assert got[key] == record[key], key
+    assert got["eval_s"] != got["eval_s"] and got["timeout_s"] == float("inf")
 
 
 def test_a_host_call_line_reads_back_as_the_same_unix_time():
@@ -124,3 +144,14 @@ def test_a_failed_write_is_raised_by_close(tmp_path):
     writer.write("steps", {"rank": 0, "bad": object()})  # not JSON: the flush fails
     with pytest.raises(OSError, match="could not all be written"):
         writer.close()
+
+
+def test_records_that_are_not_json_fail_alone_and_every_other_line_is_written_once(tmp_path):
+    run = RunDir(tmp_path / "run")
+    writer = RecordWriter(run, 0, flush_interval_s=60)
+    bad = {5, 21, 22, 40}  # in the first, second and third chunk of records encoded together
+    for i in range(50):
+        writer.write("steps", {"rank": 0, "step": i, "bad": object()} if i in bad else {"rank": 0, "step": i})
+    with pytest.raises(OSError, match="could not all be written"):
+        writer.close()
+    assert [r["step"] for r in _lines(run, "steps")] == [i for i in range(50) if i not in bad]

@@ -356,8 +356,10 @@ class CollectiveCapture:
         self.rank = rank
         # Called once, at the first collective on CUDA tensors (the script trains on CUDA): a
         # hand-written all-reduce before the first optimizer step is on the device clock already.
-        self._on_cuda = on_cuda
+        # (a build without CUDA has no CUDA tensor: nothing to look for at every call)
+        self._on_cuda = on_cuda if torch.backends.cuda.is_built() else None
         self._local = _CallState()  # depth of nested calls; the DDP bucket being reduced
+        self._open_buckets = _OpenBuckets()
         self._groups: dict[int, _GroupInfo] = {}
         self._default: _GroupInfo | None = None  # the default group's, until it is destroyed
         # kind of call -> (its shared fields, [count, bytes])
@@ -629,6 +631,9 @@ class CollectiveCapture:
         i_group = params.index(group_arg) if group_arg in params else None
         i_async = params.index("async_op") if "async_op" in params else None
         i_size = params.index(size_arg) if size_arg in params else None
+        # Where a positional group / async_op would be; a function without one: past any call's arguments.
+        i_group_at = i_group if i_group is not None else sys.maxsize
+        i_async_at = i_async if i_async is not None else sys.maxsize
         op = op or _OP_NAME.get(name, name)
         always_async = name in _ALWAYS_ASYNC
         local = self._local
@@ -641,6 +646,7 @@ class CollectiveCapture:
         tensor_type = torch.Tensor
         not_recorded = _NOT_RECORDED
         sync_bytes = FRAMEWORK_SYNC_MAX_BYTES
+        open_buckets = self._open_buckets
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -655,10 +661,15 @@ class CollectiveCapture:
             if traced() or flags._is_compiling_flag:
                 return original(*args, **kwargs)
             frame = getframe(1)
-            group = kwargs.get(group_arg) if group_arg in kwargs else (
-                args[i_group] if i_group is not None and len(args) > i_group else None)
-            async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
-                args[i_async] if i_async is not None and len(args) > i_async else False))
+            if kwargs:
+                group = kwargs.get(group_arg) if group_arg in kwargs else (
+                    args[i_group] if len(args) > i_group_at else None)
+                async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
+                    args[i_async] if len(args) > i_async_at else False))
+            else:  # the common call: positional arguments only
+                n_args = len(args)
+                group = args[i_group] if n_args > i_group_at else None
+                async_op = always_async or (n_args > i_async_at and bool(args[i_async]))
             if i_size is None:  # sized by the calls it makes
                 issuer, origin = _caller_site(frame)
                 if issuer in not_recorded:  # our own teardown barrier is not the script's
@@ -686,7 +697,7 @@ class CollectiveCapture:
             # lookup for its shared fields, counters and issuer, and (synchronous) a tuple for the tracker.
             # Anything else goes through _begin/_end.
             site = sites.get((id(frame.f_code), id(frame.f_globals), id(group), dtype, async_op))
-            if (site is None or tracker.device_events is not None or local.bucket is not None
+            if (site is None or tracker.device_events is not None or (open_buckets.count and local.bucket is not None)
                     or (site[5] and nbytes <= sync_bytes)):  # a framework's flag: who called it, at every call
                 issuer, origin = (_caller_site(frame) if site is None or site[5]
                                   else (site[2], site[0].get("origin")))
@@ -702,8 +713,7 @@ class CollectiveCapture:
                     local.depth = 0
                 self._end(record, result)
                 return result
-            if site[2] in not_recorded:
-                return original(*args, **kwargs)
+            # (a site is learned only for a recorded issuer: `_learn_site`)
             counts = site[1]
             counts[0] += 1
             counts[1] += nbytes
@@ -894,7 +904,7 @@ class CollectiveCapture:
     # -- DDP buckets --------------------------------------------------------------------
     def bucket(self, index: int, hook: str, grad_bytes: int, num_tensors: int) -> "_BucketScope":
         """Context for a DDP comm hook call: its collectives carry the bucket's index and hook."""
-        return _BucketScope(self._local, (index, hook, grad_bytes, num_tensors))
+        return _BucketScope(self._local, (index, hook, grad_bytes, num_tensors), self._open_buckets)
 
     def averages_on_host(self, group: Any) -> bool:
         """Whether `averaged_bucket` may run for `group`: a host-clock group (gloo; not NCCL, whose collectives
@@ -943,15 +953,30 @@ class _CallState(threading.local):
     bucket: tuple | None = None
 
 
-class _BucketScope:
-    __slots__ = ("_local", "_value", "_prev")
+class _OpenBuckets:
+    """How many DDP bucket scopes are open, in any thread: while none is, a collective needs not read its
+    thread's bucket (a thread-local read, ~0.1 us, on every call of the common path)."""
 
-    def __init__(self, local: threading.local, value: tuple) -> None:
-        self._local, self._value = local, value
+    __slots__ = ("count", "lock")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()  # two threads' scopes must not lose a count
+
+
+class _BucketScope:
+    __slots__ = ("_local", "_value", "_prev", "_open")
+
+    def __init__(self, local: threading.local, value: tuple, open_buckets: _OpenBuckets) -> None:
+        self._local, self._value, self._open = local, value, open_buckets
 
     def __enter__(self) -> None:
+        with self._open.lock:
+            self._open.count += 1
         self._prev = self._local.bucket
         self._local.bucket = self._value
 
     def __exit__(self, *exc: Any) -> None:
         self._local.bucket = self._prev
+        with self._open.lock:
+            self._open.count -= 1

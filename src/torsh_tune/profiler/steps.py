@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+from itertools import accumulate, repeat
+from operator import add, ge, itemgetter, sub
 import resource
 from typing import Any, Callable
 
@@ -38,6 +40,9 @@ from .writer import HOST_CALL_FIELDS, RecordWriter, host_call_values
 __all__ = ["StepTracker"]
 
 _OFFSET = _clock_offset()
+# A host call's tuple (`writer.host_call_values`): perf_counter at its issue and at its return; an interval's ends.
+_ISSUE, _RETURN = itemgetter(4), itemgetter(5)
+_first, _second = itemgetter(0), itemgetter(1)
 
 _PHASES = ("forward", "backward", "optimizer")
 DETAILED_STEPS = 20  # measured steps whose DDP timers are always read (profiler.ddp_timers_every)
@@ -299,21 +304,30 @@ class StepTracker:
 
     def _collect_comm(self) -> None:
         """Hand the collectives that arrived to their steps' entries (late ones are written alone)."""
+        done = self.comm_done
+        if not done:
+            return
         by_step = {e["step"]: e for e in self._queue}
-        while self.comm_done:
-            c = self.comm_done.popleft()
-            if type(c) is tuple:  # a synchronous host-clock call: it stays a tuple in its step
-                entry = by_step.get(c[1])
+        popleft = done.popleft
+        step, calls = None, None  # the last host call's step and its entry's calls (a step's come together)
+        while done:  # what another thread appends meanwhile is taken too
+            for _ in range(len(done)):
+                c = popleft()
+                if type(c) is tuple:  # a synchronous host-clock call: it stays a tuple in its step
+                    if c[1] != step:
+                        step = c[1]
+                        entry = by_step.get(step)
+                        calls = None if entry is None else entry["calls"]
+                    if calls is not None:
+                        calls.append(c)
+                    elif self._writer is not None:  # after its step was written: its line alone
+                        self._writer.finish_later(self._queue_late, c)
+                    continue
+                entry = by_step.get(c["step"])
                 if entry is not None:
-                    entry["calls"].append(c)
-                elif self._writer is not None:  # after its step was written: its line alone
-                    self._writer.finish_later(self._queue_late, c)
-                continue
-            entry = by_step.get(c["step"])
-            if entry is not None:
-                entry["comm"].append(c)
-            else:
-                self._write_late_comm(c)
+                    entry["comm"].append(c)
+                else:
+                    self._write_late_comm(c)
 
     def _write_late_comm(self, c: dict[str, Any]) -> None:
         if "_start" in c and not self._comm_events_done(c):
@@ -712,6 +726,10 @@ def _union(spans: list[tuple[float, float]]) -> float:
     if not spans:
         return 0.0
     spans = sorted(spans)
+    starts, ends = list(map(_first, spans)), list(map(_second, spans))
+    if all(map(ge, starts[1:], ends)) and all(map(ge, ends, starts)):
+        # Disjoint (a step's synchronous calls, one after another): the sum of their lengths, in C.
+        return sum(map(sub, ends, starts))
     total, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
     for s, e in spans[1:]:
         if s > cur_e:
@@ -800,13 +818,15 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
                     blocked.append((s, s + issue))
                 if b - issue > 0:
                     blocked.append((e - (b - issue), e))
-    if calls:  # many per step: comprehensions, not a loop of appends
-        intervals = [(c[4] + _OFFSET, c[5] + _OFFSET) for c in calls]
+    if calls:  # many per step (tens of hand-written all-reduces): C's map and zip, no Python per call
+        n = len(calls)
+        intervals = list(zip(map(add, map(_ISSUE, calls), repeat(_OFFSET, n)),
+                             map(add, map(_RETURN, calls), repeat(_OFFSET, n))))
         spans += intervals
         # DDP's own synchronous calls (its buffers' broadcast before a forward, parameter checks) are
         # no bucket's: like any synchronous call, they block from their issue.
         if not device:
-            blocked += [iv for iv in intervals if iv[1] > iv[0]]
+            blocked += intervals
     in_phase = dict.fromkeys(_PHASES, 0.0)
     ddp_s = ddp_exposed
     if ddp:
@@ -818,8 +838,10 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
     if record["backward_s"]:
         ddp_s = min(ddp_s, record["backward_s"])
     in_phase["backward"] += ddp_s
-    exposed = ddp_s + sum([e - s for s, e in blocked])
-    _split_over_phases(blocked, phases, in_phase)
+    blocked.sort()
+    starts, ends = list(map(_first, blocked)), list(map(_second, blocked))
+    exposed = ddp_s + sum(map(sub, ends, starts))
+    _split_over_phases(blocked, starts, ends, phases, in_phase)
     total = _union(spans)
     if record["step_s"] > 0:
         exposed = min(exposed, record["step_s"])
@@ -844,30 +866,42 @@ def _bounded_by_backward(c: dict[str, Any], s: float, e: float, phases: list[tup
     return e
 
 
-def _split_over_phases(blocked: list[tuple[float, float]], phases: list[tuple[str, float, float]],
-                       in_phase: dict[str, float]) -> None:
+def _split_over_phases(blocked: list[tuple[float, float]], starts: list[float], ends: list[float],
+                       phases: list[tuple[str, float, float]], in_phase: dict[str, float]) -> None:
     """Add to `in_phase` the part of each blocked interval that lies in each phase (overlapping phases each count it).
 
-    The common case, one thread's synchronous calls one after another (sorted, disjoint), takes a
-    binary search per phase for the calls it holds; anything else compares every pair.
+    `blocked` is sorted; `starts` and `ends` are its intervals' ends. The common case, one thread's
+    synchronous calls one after another (disjoint), takes two binary searches and a prefix sum per phase;
+    anything else compares every pair.
     """
-    blocked.sort()
-    ends = [e for _, e in blocked]
-    if ends != sorted(ends):  # an interval inside another (an async wait around synchronous calls)
-        for s, e in blocked:
-            for phase, p0, p1 in phases:
-                if p1 > s and p0 < e and p1 > p0:
-                    in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
+    if not blocked:
         return
+    if not (all(map(ge, starts[1:], ends)) and all(map(ge, ends, starts))):  # an interval inside another
+        _split_every_pair(blocked, phases, in_phase)
+        return
+    held = [0.0, *accumulate(map(sub, ends, starts))]  # held[k]: the length of the first k intervals
     for phase, p0, p1 in phases:
         if p1 <= p0:
             continue
-        # the intervals that end after the phase starts, up to the first that starts after it ends
-        for k in range(bisect.bisect_right(ends, p0), len(blocked)):
-            s, e = blocked[k]
-            if s >= p1:
-                break
-            in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
+        # the intervals that end after the phase starts, up to the first that starts when it ends or after
+        k0, k1 = bisect.bisect_right(ends, p0), bisect.bisect_left(starts, p1)
+        if k0 >= k1:
+            continue
+        inside = held[k1] - held[k0]
+        if starts[k0] < p0:  # the first began before the phase
+            inside -= p0 - starts[k0]
+        if ends[k1 - 1] > p1:  # the last ends after it
+            inside -= ends[k1 - 1] - p1
+        in_phase[phase] += inside
+
+
+def _split_every_pair(blocked: list[tuple[float, float]], phases: list[tuple[str, float, float]],
+                      in_phase: dict[str, float]) -> None:
+    """`_split_over_phases` for any intervals (nested, overlapping): every interval against every phase."""
+    for s, e in blocked:
+        for phase, p0, p1 in phases:
+            if p1 > s and p0 < e and p1 > p0:
+                in_phase[phase] += (p1 if p1 < e else e) - (p0 if p0 > s else s)
 
 
 def _peak_rss_bytes() -> int:
