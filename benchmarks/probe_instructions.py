@@ -19,13 +19,18 @@ writer's periodic flush) are set to run only at the run's end: under valgrind a 
 longer, so their per-second cost would land in the per-step count. Their cost is per second,
 not per step.
 
-A straight line through the torsh - bare difference at several collective counts per step
-(`--sizes`) splits it into instructions per step (intercept) and per collective (slope).
+Workloads (`--workload`): allreduce, a hand-written `dist.all_reduce(p.grad)` per parameter tensor
+(`--sizes`: tensors per step), and fsdp2, `fully_shard` on `--sizes` blocks and the root (FSDP2's
+all-gathers and reduce-scatters, asynchronous calls: the capture's general path). A straight line
+through the torsh - bare difference against the CommRecords each step wrote (counted from the
+N extra steps' records) splits it into instructions per step (intercept) and per collective
+(slope).
 Microseconds are estimates: the instructions times the bare loop's own native rate (its median
 step time over its instructions per step, measured here without valgrind), so they assume the
 probes' Python runs at the rate of the step it sits in.
 
-    .venv/bin/python benchmarks/probe_instructions.py --steps 200 --sizes 4,32
+    .venv/bin/python benchmarks/probe_instructions.py --steps 100 --sizes 4,32
+    .venv/bin/python benchmarks/probe_instructions.py --workload fsdp2 --steps 20 --sizes 2,10
 
 Prints a table and one JSON line. Needs valgrind (Debian's package).
 """
@@ -56,9 +61,9 @@ WARMUP = 30
 QUIET_THREADS = {"system_interval_s": 1e6, "flush_interval_s": 1e6}
 
 
-def child(arm: str, size: int, steps: int, out: Path, timed: bool) -> None:
-    """One arm: fake group, WARMUP + `steps` steps of the allreduce workload, the run finished; with `timed`
-    the steps' perf_counter durations are written to `out`."""
+def child(workload: str, arm: str, size: int, steps: int, out: Path, timed: bool) -> None:
+    """One arm: fake group, WARMUP + `steps` steps of `workload`, the run finished; with `timed` the steps'
+    perf_counter durations are written to `out`."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29599", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     import torch
     import torch.distributed as dist
@@ -69,7 +74,7 @@ def child(arm: str, size: int, steps: int, out: Path, timed: bool) -> None:
     torch.set_num_threads(1)
     rt = probe_cost.install_probes(out.parent / "run", profiler=dict(QUIET_THREADS)) if arm == "torsh" else None
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
-    step, loader, _ = probe_cost._build("allreduce", size)
+    step, loader, _ = probe_cost._build(workload, size)
     batches = probe_cost._batches(loader)
     for _ in range(WARMUP):
         step(next(batches))
@@ -86,42 +91,43 @@ def child(arm: str, size: int, steps: int, out: Path, timed: bool) -> None:
     os._exit(0)  # no destructors: the same exit for every arm
 
 
-def _count(arm: str, size: int, steps: int, work: Path, keep: Path | None = None) -> int:
-    """Instructions (callgrind's Ir, all threads) of one child run; `keep`: a folder for its callgrind file."""
-    tag = f"{arm}-{size}-{steps}"
+def _count(workload: str, arm: str, size: int, steps: int, work: Path, keep: Path | None = None) -> tuple[int, int]:
+    """(instructions (callgrind's Ir, all threads), CommRecords written) of one child run; `keep`: a folder for
+    its callgrind file."""
+    tag = f"{workload}-{arm}-{size}-{steps}"
     d = work / tag
     d.mkdir()
     cg = d / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg}", sys.executable, __file__,
-           "--child", arm, "--size", str(size), "--steps", str(steps), "--out", str(d / "result.json")]
+           "--child", arm, "--workload", workload, "--size", str(size), "--steps", str(steps), "--out", str(d / "result.json")]
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
     if proc.returncode != 0 or m is None:
         raise SystemExit(f"{tag} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-    if arm == "torsh":
-        _check_records(d / "run", size, steps)
+    records = _check_records(d / "run", steps) if arm == "torsh" else 0
     if keep is not None:  # for callgrind_annotate: which C functions (the GC, float repr, ...) the probes add
         keep.mkdir(parents=True, exist_ok=True)
         shutil.move(cg, keep / f"callgrind.{tag}.out")
     shutil.rmtree(d)
-    return int(m.group(1))
+    return int(m.group(1)), records
 
 
-def _check_records(run: Path, size: int, steps: int) -> None:
-    """Every step of the torsh arm holds its `size` all-reduces: a probe that records nothing costs nothing."""
+def _check_records(run: Path, steps: int) -> int:
+    """The torsh arm's CommRecords: at least one per step (a probe that records nothing costs nothing)."""
     comm = run / "ranks" / "rank00000.comm.jsonl"
     lines = comm.read_text().splitlines() if comm.exists() else []
-    if len(lines) < size * (WARMUP + steps - 1):
-        raise SystemExit(f"torsh arm with {size} collectives per step wrote {len(lines)} CommRecords for "
-                         f"{WARMUP + steps} steps: the capture did not see them")
+    if len(lines) < WARMUP + steps:
+        raise SystemExit(f"the torsh arm wrote {len(lines)} CommRecords for {WARMUP + steps} steps: "
+                         "the capture did not see its collectives")
+    return len(lines)
 
 
-def _native_step_us(size: int, steps: int, work: Path) -> float:
+def _native_step_us(workload: str, size: int, steps: int, work: Path) -> float:
     """The bare arm's median step in microseconds, without valgrind."""
-    out = work / f"native-{size}" / "result.json"
+    out = work / f"native-{workload}-{size}" / "result.json"
     out.parent.mkdir()
-    cmd = [sys.executable, __file__, "--child", "bare", "--size", str(size), "--steps", str(steps), "--out", str(out),
+    cmd = [sys.executable, __file__, "--child", "bare", "--workload", workload, "--size", str(size), "--steps", str(steps), "--out", str(out),
            "--timed"]
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -141,7 +147,10 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200, help="N: the runs take N and 2N steps after the warm-up")
-    p.add_argument("--sizes", default="4,32", help="all-reduces (parameter tensors) per step; two or more fit a line")
+    p.add_argument("--workload", choices=("allreduce", "fsdp2"), default="allreduce",
+                   help="probe_cost.py's: a hand-written all-reduce per parameter tensor, or FSDP2 blocks")
+    p.add_argument("--sizes", default="4,32", help="allreduce: parameter tensors (= all-reduces) per step; fsdp2: "
+                                                 "blocks fully_shard-ed; two or more fit a line")
     p.add_argument("--jobs", type=int, default=2, help="valgrind runs side by side (counts do not depend on it)")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's callgrind output in this folder")
     p.add_argument("--child", choices=("bare", "torsh"))
@@ -150,26 +159,29 @@ def main() -> None:
     p.add_argument("--timed", action="store_true")
     args = p.parse_args()
     if args.child:
-        child(args.child, args.size, args.steps, args.out, args.timed)
+        child(args.workload, args.child, args.size, args.steps, args.out, args.timed)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is required: apt-get install valgrind")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     n = args.steps
     work = Path(tempfile.mkdtemp(prefix="probe-instr-"))
-    jobs = [(arm, size, k) for size in sizes for arm in ("bare", "torsh") for k in (n, 2 * n)]
+    jobs = [(args.workload, arm, size, k) for size in sizes for arm in ("bare", "torsh") for k in (n, 2 * n)]
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         counts = dict(zip(jobs, pool.map(lambda j: _count(*j, work, args.keep), jobs)))
-    native = {size: _native_step_us(size, max(n, 300), work) for size in sizes}
+    native = {size: _native_step_us(args.workload, size, max(n, 300), work) for size in sizes}
     shutil.rmtree(work, ignore_errors=True)
 
     rows = []
     for size in sizes:
-        per_step = {arm: (counts[(arm, size, 2 * n)] - counts[(arm, size, n)]) / n for arm in ("bare", "torsh")}
+        per_step = {arm: (counts[(args.workload, arm, size, 2 * n)][0] - counts[(args.workload, arm, size, n)][0]) / n
+                    for arm in ("bare", "torsh")}
+        # CommRecords per step: what the N more steps wrote (every collective of the step, DDP-free workloads)
+        collectives = (counts[(args.workload, "torsh", size, 2 * n)][1] - counts[(args.workload, "torsh", size, n)][1]) / n
         ns_per_instr = native[size] * 1e3 / per_step["bare"]
         delta = per_step["torsh"] - per_step["bare"]
-        rows.append({"collectives": size, "bare_instr": per_step["bare"], "torsh_instr": per_step["torsh"],
+        rows.append({"size": size, "collectives": collectives, "bare_instr": per_step["bare"], "torsh_instr": per_step["torsh"],
                      "delta_instr": delta, "bare_step_us": native[size], "ns_per_instr": ns_per_instr,
                      "delta_us": delta * ns_per_instr / 1e3})
     intercept, slope = _fit([r["collectives"] for r in rows], [r["delta_instr"] for r in rows])
@@ -177,15 +189,15 @@ def main() -> None:
     fit = {"per_step_instr": intercept, "per_collective_instr": slope,
            "per_step_us": intercept * rate / 1e3, "per_collective_us": slope * rate / 1e3, "ns_per_instr": rate}
 
-    print(f"{'collectives/step':>16} {'bare instr/step':>16} {'torsh instr/step':>17} {'delta instr':>12} "
+    print(f"{args.workload + '-size':>14} {'collectives/step':>16} {'bare instr/step':>16} {'torsh instr/step':>17} {'delta instr':>12} "
           f"{'bare step':>10} {'delta (est.)':>13}")
     for r in rows:
-        print(f"{r['collectives']:>16} {r['bare_instr']:>16,.0f} {r['torsh_instr']:>17,.0f} {r['delta_instr']:>12,.0f} "
+        print(f"{r['size']:>14} {r['collectives']:>16.1f} {r['bare_instr']:>16,.0f} {r['torsh_instr']:>17,.0f} {r['delta_instr']:>12,.0f} "
               f"{r['bare_step_us']:>8.0f}us {r['delta_us']:>11.1f}us")
     print(f"fit: {fit['per_step_instr']:,.0f} instr per step + {fit['per_collective_instr']:,.0f} instr per collective"
           f" = ~{fit['per_step_us']:.1f} us per step + ~{fit['per_collective_us']:.2f} us per collective "
           f"at {rate:.3f} ns per instruction (targets {TARGET_STEP_US:.0f} us + {TARGET_COLLECTIVE_US:.0f} us)")
-    print(json.dumps({"benchmark": "probe_instructions", "steps": n, "warmup": WARMUP, "sizes": sizes, "rows": rows,
+    print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "steps": n, "warmup": WARMUP, "sizes": sizes, "rows": rows,
                       "fit": fit, "seconds": round(time.time() - t0, 1), "python": platform.python_version(),
                       "machine": platform.machine(), "torch": __import__("torch").__version__}))
 
