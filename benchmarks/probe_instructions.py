@@ -99,7 +99,8 @@ def _count(workload: str, arm: str, size: int, steps: int, work: Path, keep: Pat
     d.mkdir()
     cg = d / "callgrind.out"
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg}", sys.executable, __file__,
-           "--child", arm, "--workload", workload, "--size", str(size), "--steps", str(steps), "--out", str(d / "result.json")]
+           "--child", arm, "--workload", workload, "--size", str(size), "--steps", str(steps),
+           "--out", str(d / "result.json")]
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     m = re.search(r"Collected\s*:\s*(\d+)", proc.stderr)
@@ -127,8 +128,8 @@ def _native_step_us(workload: str, size: int, steps: int, work: Path) -> float:
     """The bare arm's median step in microseconds, without valgrind."""
     out = work / f"native-{workload}-{size}" / "result.json"
     out.parent.mkdir()
-    cmd = [sys.executable, __file__, "--child", "bare", "--workload", workload, "--size", str(size), "--steps", str(steps), "--out", str(out),
-           "--timed"]
+    cmd = [sys.executable, __file__, "--child", "bare", "--workload", workload, "--size", str(size),
+           "--steps", str(steps), "--out", str(out), "--timed"]
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"native bare run failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -173,33 +174,33 @@ def main() -> None:
     native = {size: _native_step_us(args.workload, size, max(n, 300), work) for size in sizes}
     shutil.rmtree(work, ignore_errors=True)
 
+    def per_step(arm: str, size: int, i: int) -> float:  # i: 0 instructions, 1 CommRecords; the N extra steps'
+        return (counts[(args.workload, arm, size, 2 * n)][i] - counts[(args.workload, arm, size, n)][i]) / n
+
     rows = []
     for size in sizes:
-        per_step = {arm: (counts[(args.workload, arm, size, 2 * n)][0] - counts[(args.workload, arm, size, n)][0]) / n
-                    for arm in ("bare", "torsh")}
-        # CommRecords per step: what the N more steps wrote (every collective of the step, DDP-free workloads)
-        collectives = (counts[(args.workload, "torsh", size, 2 * n)][1] - counts[(args.workload, "torsh", size, n)][1]) / n
-        ns_per_instr = native[size] * 1e3 / per_step["bare"]
-        delta = per_step["torsh"] - per_step["bare"]
-        rows.append({"size": size, "collectives": collectives, "bare_instr": per_step["bare"], "torsh_instr": per_step["torsh"],
-                     "delta_instr": delta, "bare_step_us": native[size], "ns_per_instr": ns_per_instr,
-                     "delta_us": delta * ns_per_instr / 1e3})
+        bare, torsh = per_step("bare", size, 0), per_step("torsh", size, 0)
+        ns_per_instr = native[size] * 1e3 / bare
+        rows.append({"size": size, "collectives": per_step("torsh", size, 1), "bare_instr": bare, "torsh_instr": torsh,
+                     "delta_instr": torsh - bare, "bare_step_us": native[size], "ns_per_instr": ns_per_instr,
+                     "delta_us": (torsh - bare) * ns_per_instr / 1e3})
     intercept, slope = _fit([r["collectives"] for r in rows], [r["delta_instr"] for r in rows])
     rate = statistics.fmean(r["ns_per_instr"] for r in rows)
     fit = {"per_step_instr": intercept, "per_collective_instr": slope,
            "per_step_us": intercept * rate / 1e3, "per_collective_us": slope * rate / 1e3, "ns_per_instr": rate}
 
-    print(f"{args.workload + '-size':>14} {'collectives/step':>16} {'bare instr/step':>16} {'torsh instr/step':>17} {'delta instr':>12} "
-          f"{'bare step':>10} {'delta (est.)':>13}")
+    print(f"{args.workload + '-size':>14} {'collectives/step':>16} {'bare instr/step':>16} {'torsh instr/step':>17} "
+          f"{'delta instr':>12} {'bare step':>10} {'delta (est.)':>13}")
     for r in rows:
-        print(f"{r['size']:>14} {r['collectives']:>16.1f} {r['bare_instr']:>16,.0f} {r['torsh_instr']:>17,.0f} {r['delta_instr']:>12,.0f} "
-              f"{r['bare_step_us']:>8.0f}us {r['delta_us']:>11.1f}us")
+        print(f"{r['size']:>14} {r['collectives']:>16.1f} {r['bare_instr']:>16,.0f} {r['torsh_instr']:>17,.0f} "
+              f"{r['delta_instr']:>12,.0f} {r['bare_step_us']:>8.0f}us {r['delta_us']:>11.1f}us")
     print(f"fit: {fit['per_step_instr']:,.0f} instr per step + {fit['per_collective_instr']:,.0f} instr per collective"
           f" = ~{fit['per_step_us']:.1f} us per step + ~{fit['per_collective_us']:.2f} us per collective "
           f"at {rate:.3f} ns per instruction (targets {TARGET_STEP_US:.0f} us + {TARGET_COLLECTIVE_US:.0f} us)")
-    print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "steps": n, "warmup": WARMUP, "sizes": sizes, "rows": rows,
-                      "fit": fit, "seconds": round(time.time() - t0, 1), "python": platform.python_version(),
-                      "machine": platform.machine(), "torch": __import__("torch").__version__}))
+    print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "steps": n, "warmup": WARMUP,
+                      "sizes": sizes, "rows": rows, "fit": fit, "seconds": round(time.time() - t0, 1),
+                      "python": platform.python_version(), "machine": platform.machine(),
+                      "torch": __import__("torch").__version__}))
 
 
 if __name__ == "__main__":

@@ -67,9 +67,9 @@ class _Stream:
 def _line(record: dict[str, Any] | tuple, call_sites: list[tuple[SharedFields, str]]) -> str:
     if type(record) is tuple:  # a synchronous host-clock call (`host_call_values`)
         # Written by one f-string, times in fixed point: Unix seconds to 0.1 us (a float64 holds 0.24 us of
-        # a Unix time between 2004 and 2038, so the line reads back as the same float), durations to 1 ns. `repr` of those floats
-        # (the shortest round trip: 17 digits) was half the instructions of a collective's probes, ~2 us of
-        # its ~2.3 us line (benchmarks/probe_instructions.py, BENCHMARKS.md).
+        # a Unix time between 2004 and 2038, so the line reads back as the same float), durations to 1 ns.
+        # `repr` of those floats (the shortest round trip: 17 digits) was half the instructions of a
+        # collective's probes, ~2 us of its ~2.3 us line (benchmarks/probe_instructions.py, BENCHMARKS.md).
         i, step, seq, nbytes, t0, t1 = record
         d = f"{t1 - t0:.9f}"
         return (f'{call_sites[i][0].prefix}"step":{step},"seq":{seq},"bytes":{nbytes},"wire_bytes":{nbytes},'
