@@ -100,6 +100,33 @@ def test_a_known_sites_synchronous_call_is_kept_as_numbers_the_cyclic_gc_lets_go
     assert [(r["collective"], r["bytes"], r["issuer"], r["seq"]) for r in records] == [
         ("all_reduce", 40, "user", i) for i in range(3)]
 
+def test_a_known_site_called_inside_a_ddp_bucket_scope_carries_the_bucket(capture):
+    # The common call skips the bucket's thread-local read while no bucket scope is open anywhere: a site
+    # learned outside a bucket (a script's helper that a comm hook calls too) must still carry the bucket
+    # inside one, and take the common call again after it.
+    import threading
+
+    cap, tracker = capture
+    _fake()
+
+    def reduce(t):  # one call site
+        dist.all_reduce(t)
+
+    for _ in range(2):
+        reduce(torch.ones(4))  # learned, then the common call
+    with cap.bucket(3, "my_hook", 16, 1):
+        reduce(torch.ones(4))
+        other = threading.Thread(target=reduce, args=(torch.ones(4),))  # another thread: not in the bucket
+        other.start()
+        other.join()
+    reduce(torch.ones(4))
+    assert cap._open_buckets.count == 0
+    kinds = ["tuple" if type(c) is tuple else c.get("bucket") for c in tracker.comm_done]
+    assert kinds[:3] == [None, "tuple", 3] and kinds[3:] == ["tuple", "tuple"]
+    in_bucket = tracker.comm_done[2]
+    assert (in_bucket["_s"]["hook"], in_bucket["grad_bytes"], in_bucket["num_tensors"]) == ("my_hook", 16, 1)
+
+
 def test_a_subgroup_is_recorded_with_its_own_ranks_and_name(capture):
     _, tracker = capture
     _fake(world_size=4)

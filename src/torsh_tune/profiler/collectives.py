@@ -954,7 +954,7 @@ class _CallState(threading.local):
 
 
 class _OpenBuckets:
-    """How many DDP bucket scopes are open, in any thread: while none is, a collective needs not read its
+    """How many DDP bucket scopes are open, in any thread: while none is, a collective need not read its
     thread's bucket (a thread-local read, ~0.1 us, on every call of the common path)."""
 
     __slots__ = ("count", "lock")
