@@ -661,15 +661,10 @@ class CollectiveCapture:
             if traced() or flags._is_compiling_flag:
                 return original(*args, **kwargs)
             frame = getframe(1)
-            if kwargs:
-                group = kwargs.get(group_arg) if group_arg in kwargs else (
-                    args[i_group] if len(args) > i_group_at else None)
-                async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
-                    args[i_async] if len(args) > i_async_at else False))
-            else:  # the common call: positional arguments only
-                n_args = len(args)
-                group = args[i_group] if n_args > i_group_at else None
-                async_op = always_async or (n_args > i_async_at and bool(args[i_async]))
+            group = kwargs.get(group_arg) if group_arg in kwargs else (
+                args[i_group] if len(args) > i_group_at else None)
+            async_op = always_async or bool(kwargs.get("async_op") if "async_op" in kwargs else (
+                args[i_async] if len(args) > i_async_at else False))
             if i_size is None:  # sized by the calls it makes
                 issuer, origin = _caller_site(frame)
                 if issuer in not_recorded:  # our own teardown barrier is not the script's
@@ -955,7 +950,8 @@ class _CallState(threading.local):
 
 class _OpenBuckets:
     """How many DDP bucket scopes are open, in any thread: while none is, a collective need not read its
-    thread's bucket (a thread-local read, ~0.1 us, on every call of the common path)."""
+    thread's bucket (a thread-local read: 78 ns against 21 ns for this count in `timeit`, on every call of
+    the common path)."""
 
     __slots__ = ("count", "lock")
 

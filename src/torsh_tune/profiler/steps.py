@@ -310,24 +310,23 @@ class StepTracker:
         by_step = {e["step"]: e for e in self._queue}
         popleft = done.popleft
         step, calls = None, None  # the last host call's step and its entry's calls (a step's come together)
-        while done:  # what another thread appends meanwhile is taken too
-            for _ in range(len(done)):
-                c = popleft()
-                if type(c) is tuple:  # a synchronous host-clock call: it stays a tuple in its step
-                    if c[1] != step:
-                        step = c[1]
-                        entry = by_step.get(step)
-                        calls = None if entry is None else entry["calls"]
-                    if calls is not None:
-                        calls.append(c)
-                    elif self._writer is not None:  # after its step was written: its line alone
-                        self._writer.finish_later(self._queue_late, c)
-                    continue
-                entry = by_step.get(c["step"])
-                if entry is not None:
-                    entry["comm"].append(c)
-                else:
-                    self._write_late_comm(c)
+        while done:
+            c = popleft()
+            if type(c) is tuple:  # a synchronous host-clock call: it stays a tuple in its step
+                if c[1] != step:
+                    step = c[1]
+                    entry = by_step.get(step)
+                    calls = None if entry is None else entry["calls"]
+                if calls is not None:
+                    calls.append(c)
+                elif self._writer is not None:  # after its step was written: its line alone
+                    self._writer.finish_later(self._queue_late, c)
+                continue
+            entry = by_step.get(c["step"])
+            if entry is not None:
+                entry["comm"].append(c)
+            else:
+                self._write_late_comm(c)
 
     def _write_late_comm(self, c: dict[str, Any]) -> None:
         if "_start" in c and not self._comm_events_done(c):
@@ -727,8 +726,7 @@ def _union(spans: list[tuple[float, float]]) -> float:
         return 0.0
     spans = sorted(spans)
     starts, ends = list(map(_first, spans)), list(map(_second, spans))
-    if all(map(ge, starts[1:], ends)) and all(map(ge, ends, starts)):
-        # Disjoint (a step's synchronous calls, one after another): the sum of their lengths, in C.
+    if _disjoint(starts, ends):  # a step's synchronous calls, one after another: the sum of their lengths
         return sum(map(sub, ends, starts))
     total, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
     for s, e in spans[1:]:
@@ -876,7 +874,7 @@ def _split_over_phases(blocked: list[tuple[float, float]], starts: list[float], 
     """
     if not blocked:
         return
-    if not (all(map(ge, starts[1:], ends)) and all(map(ge, ends, starts))):  # an interval inside another
+    if not _disjoint(starts, ends):  # an interval inside another (an async wait around synchronous calls)
         _split_every_pair(blocked, phases, in_phase)
         return
     held = [0.0, *accumulate(map(sub, ends, starts))]  # held[k]: the length of the first k intervals
@@ -893,6 +891,11 @@ def _split_over_phases(blocked: list[tuple[float, float]], starts: list[float], 
         if ends[k1 - 1] > p1:  # the last ends after it
             inside -= ends[k1 - 1] - p1
         in_phase[phase] += inside
+
+
+def _disjoint(starts: list[float], ends: list[float]) -> bool:
+    """Whether sorted intervals (their `starts` and `ends`) are disjoint, each after the one before (in C)."""
+    return all(map(ge, starts[1:], ends)) and all(map(ge, ends, starts))
 
 
 def _split_every_pair(blocked: list[tuple[float, float]], phases: list[tuple[str, float, float]],

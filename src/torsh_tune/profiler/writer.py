@@ -225,23 +225,14 @@ class RecordWriter:
             n = len(stream.pending)
             records = stream.pending[:n]
             del stream.pending[:n]  # appended meanwhile: kept for the next flush
-            lines: list[str] = []
-            sites, every = self._call_sites, self._YIELD_EVERY
-            append = lines.append
-            for k in range(0, len(records), every):
-                chunk, done = records[k:k + every], len(lines)
-                # A Python loop: 3.11 calls `_line` from Python without a C frame (C's map would make one per call).
+            lines = []
+            sites = self._call_sites
+            for i, record in enumerate(records, 1):
                 try:
-                    for record in chunk:
-                        append(_line(record, sites))
-                except (TypeError, ValueError):  # a record that is not JSON: the others are still written
-                    del lines[done:]
-                    for record in chunk:
-                        try:
-                            lines.append(_line(record, sites))
-                        except (TypeError, ValueError) as exc:
-                            self.error = self.error or exc
-                if yield_gil:
+                    lines.append(_line(record, sites))
+                except (TypeError, ValueError) as exc:  # one record that is not JSON: the others are still written
+                    self.error = self.error or exc
+                if yield_gil and i % self._YIELD_EVERY == 0:
                     time.sleep(0)
             if not lines:
                 return
