@@ -400,6 +400,20 @@ def test_an_asynchronous_collective_exposes_its_issuing_call_and_its_wait():
     assert issued["phase"] == "backward" and "phase" not in after and "phase" not in sync and "phase" not in bucket
 
 
+def test_a_wait_that_returns_after_the_completion_is_placed_where_it_returned():
+    # Issued in the forward, completed at 11.0 (the gloo worker's callback), but the training thread's
+    # Work.wait() ran 12.25-12.5: a ZeroRedundancyOptimizer step on a busy host, whose thread took the core
+    # back late. Placed to end at the completion, the 0.25 s would lie in the forward; it lies in the
+    # optimizer step, and it is communication (the trace reads the wait so).
+    late = _comm(10.5, 11.0, async_op=True, blocked_s=0.25, _wait_end=12.5)
+    total, exposed, in_phase = _comm_times([late], [], _step(), PHASES, 0.0)
+    assert (total, exposed) == (0.75, 0.25)
+    assert in_phase == {"forward": 0.0, "backward": 0.0, "optimizer": 0.25}
+    assert "_wait_end" not in late  # the probes' own field: never written
+    # A wait that returned before its completion's callback ran ends at the completion, as before.
+    early = _comm(11.25, 12.5, async_op=True, blocked_s=0.25, _wait_end=12.4)
+    assert _comm_times([early], [], _step(), PHASES, 0.0)[2]["optimizer"] == pytest.approx(0.15)
+
 def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():
     from torsh_tune.profiler import SharedFields
     from helpers import host_call_record

@@ -586,6 +586,7 @@ class StepTracker:
                 c["t_start"] = record["t_start"] + c.pop("_rel_start")
                 c["t_complete"] = record["t_start"] + c.pop("_rel_end")
                 c.pop("_rel_wait", None)
+            c.pop("_wait_end", None)
             host_end = c.get("t_complete") if c.get("_s", {}).get("clock") == "host" and not device else None
             spans.append((c["t_issue"], host_end or c["t_issue"] + (c.get("blocked_s") or 0.0), -1, None))
         for call in entry["calls"]:
@@ -642,6 +643,7 @@ class StepTracker:
         start, end, wait = c.pop("_start", None), c.pop("_end", None), c.pop("_wait", None)
         issued = c.pop("_issued", None)
         c.pop("_on_wait", None)
+        c.pop("_wait_end", None)
         if start is None or end is None:
             for event in (wait, issued):
                 if event is not None:
@@ -771,7 +773,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
         if c.get("duration_s") is None:
             continue
         shared = c["_s"]  # the fields every call of its kind has (`SharedFields`)
-        waited = None
+        waited = wait_end = None
         if device and "_rel_start" in c:
             s = record["t_start"] + c.pop("_rel_start")
             e = record["t_start"] + c.pop("_rel_end")
@@ -781,6 +783,7 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
         else:
             s = c["t_issue"]
             e = c.get("t_complete") or s + c["duration_s"]
+            wait_end = c.pop("_wait_end", None)  # where its Work.wait() returned
         hook = shared.get("hook")
         if hook is None and shared["async_op"]:
             # Where it was issued: in the backward (an engine overlapping its gradients' all-reduces) or
@@ -806,7 +809,9 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
                 blocked.append((waited, e))
         elif c["blocked_s"]:
             # A synchronous call blocks from its issue; an asynchronous one for its issuing call, then in
-            # a wait() that blocks until the completion.
+            # a wait() that ends where it returned: on a busy host that can be long after the completion
+            # (the thread waits to take the GIL or a core back), and a wait placed to end at the
+            # completion would reach back into the forward or the step before.
             b = c["blocked_s"]
             if not shared["async_op"]:
                 blocked.append((s, s + b))
@@ -815,7 +820,10 @@ def _comm_times(comm: list[dict[str, Any]], calls: list[tuple], record: dict[str
                 if issue > 0:
                     blocked.append((s, s + issue))
                 if b - issue > 0:
-                    blocked.append((e - (b - issue), e))
+                    w = wait_end or e
+                    blocked.append((w - (b - issue), w))
+    if blocked and not device:
+        spans += blocked  # the training thread blocked on a collective: communication, as the trace reads it
     if calls:  # many per step (tens of hand-written all-reduces): C's map and zip, no Python per call
         n = len(calls)
         intervals = list(zip(map(add, map(_ISSUE, calls), repeat(_OFFSET, n)),
