@@ -410,9 +410,11 @@ def test_a_wait_that_returns_after_the_completion_is_placed_where_it_returned():
     assert (total, exposed) == (0.75, 0.25)
     assert in_phase == {"forward": 0.0, "backward": 0.0, "optimizer": 0.25}
     assert "_wait_end" not in late  # the probes' own field: never written
-    # A wait that returned before its completion's callback ran ends at the completion, as before.
+    # A wait that returned before the callback took its completion's timestamp ends where it returned too
+    # (12.15-12.4), not at that timestamp.
     early = _comm(11.25, 12.5, async_op=True, blocked_s=0.25, _wait_end=12.4)
     assert _comm_times([early], [], _step(), PHASES, 0.0)[2]["optimizer"] == pytest.approx(0.15)
+
 
 def test_a_synchronous_host_call_kept_as_a_tuple_counts_as_its_comm_record_would():
     from torsh_tune.profiler import SharedFields
