@@ -86,8 +86,9 @@ class RunDir:
         return self.path / "traces"
 
     def rank_file(self, rank: int, kind: str) -> Path:
-        """`kind` is steps, comm, system (jsonl) or meta, exit (json)."""
-        ext = "json" if kind in ("meta", "exit") else "jsonl"
+        """`kind` is steps, comm, system (jsonl), meta, exit (json) or stacks (text: Python's stacks at a
+        fatal signal, `runtime.bootstrap`)."""
+        ext = "json" if kind in ("meta", "exit") else "txt" if kind == "stacks" else "jsonl"
         return self.ranks / f"rank{rank:05d}.{kind}.{ext}"
 
     def rank_log(self, rank: int) -> Path:

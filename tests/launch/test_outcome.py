@@ -301,6 +301,34 @@ def test_abort_at_exit_after_every_rank_finished_is_ok_with_a_warning(tmp_path: 
     assert out.message == "rank 1 was killed by SIGABRT after recording a clean exit (budget), before every rank did"
 
 
+
+def test_a_signalled_ranks_python_stacks_are_named_and_empty_stacks_files_are_dropped(tmp_path: Path) -> None:
+    from torsh_tune.launch.outcome import drop_empty_stacks
+
+    rd = new_run_dir(tmp_path, "t.py")
+    (rd.logs / "launcher.log").write_text(_summary(1, -6, other=(0, -15)))
+    rd.rank_log(1).write_text("terminate called without an active exception\n")
+    rd.rank_file(0, "stacks").write_text("")  # rank 0 was stopped by SIGTERM: faulthandler wrote nothing
+    rd.rank_file(1, "stacks").write_text(
+        'Fatal Python error: Aborted\n\nCurrent thread 0x00007f (most recent call first):\n'
+        '  File "train.py", line 9 in <module>\n')
+    drop_empty_stacks(rd)
+    assert not rd.rank_file(0, "stacks").exists() and rd.rank_file(1, "stacks").exists()
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert (out.status, out.failing_rank, out.signal, out.stacks) == ("signal", 1, "SIGABRT", (1,)), out
+    assert out.message == "rank 1 was killed by SIGABRT (its Python stacks at the signal: ranks/rank00001.stacks.txt)"
+    assert out.to_dict()["stacks"] == [1]
+    # The abort at exit after every rank finished: the warning names the file too.
+    _write_exit(rd, 0, "budget", t_exit=1.0)
+    _write_exit(rd, 1, "budget", t_exit=1.0)
+    (rd.logs / "launcher.log").write_text(_summary(1, -6))
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert out.ok and out.warnings[0].endswith("(its Python stacks at the signal: ranks/rank00001.stacks.txt)")
+    # No file, no mention.
+    rd.rank_file(1, "stacks").unlink()
+    out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
+    assert out.stacks == () and "stacks" not in out.warnings[0]
+
 def test_a_root_that_recorded_its_own_error_died_of_it(tmp_path: Path) -> None:
     # The rank raised (exit record written), then aborted while exiting: the error is the cause.
     rd = new_run_dir(tmp_path, "t.py")

@@ -185,6 +185,13 @@ def test_abort_at_exit_after_the_work_is_ok_with_a_warning(tmp_path: Path) -> No
     assert (out.status, out.ranks) == ("ok", {0: "ok", 1: "ok"}), out
     assert out.returncode != 0 and out.warnings[0].startswith("exit_abort: ") and "SIGABRT" in out.warnings[0]
     assert "ChildFailedError" in run.launcher_log and "Traceback" not in run.shown
+    # Where the aborting rank was: faulthandler's stacks of every Python thread, named by the warning; the
+    # other rank's file stayed empty and is gone.
+    rd = run.run_dir
+    assert out.stacks == (1,) and "ranks/rank00001.stacks.txt" in out.warnings[0]
+    stacks = rd.rank_file(1, "stacks").read_text()
+    assert stacks.startswith("Fatal Python error: Aborted") and "in abort_after_rank_0" in stacks, stacks
+    assert not rd.rank_file(0, "stacks").exists()
 
 
 def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:

@@ -264,3 +264,43 @@ def test_the_ranks_die_with_their_killed_torchrun_agent(tmp_path):
                 pass
         if agent.poll() is None:
             agent.kill()
+
+
+_ABORT_IN_A_WAIT = """
+import os, sys, threading, time
+from pathlib import Path
+from torsh_tune.runtime.bootstrap import _stacks_on_a_fatal_signal
+
+def background_sampler():
+    time.sleep(30)
+
+def wait_for_the_collective():
+    time.sleep(0.2)  # the other thread is asleep by now
+    os.abort()
+
+threading.Thread(target=background_sampler, daemon=True).start()
+_stacks_on_a_fatal_signal(Path(sys.argv[1]))
+wait_for_the_collective()
+"""
+
+
+@pytest.mark.parametrize("users_own", [False, True])
+def test_a_fatal_signal_leaves_every_python_threads_stack_unless_the_user_chose_faulthandler(tmp_path, users_own):
+    import os
+    import subprocess
+    import sys
+
+    stacks = tmp_path / "rank00001.stacks.txt"
+    env = dict(os.environ, PYTHONFAULTHANDLER="1") if users_own else {k: v for k, v in os.environ.items()
+                                                                      if k != "PYTHONFAULTHANDLER"}
+    proc = subprocess.run([sys.executable, "-c", _ABORT_IN_A_WAIT, str(stacks)], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == -6, proc.stderr[-2000:]
+    if users_own:  # theirs writes to stderr, and no file of ours is made
+        assert not stacks.exists() and "in wait_for_the_collective" in proc.stderr
+        return
+    text = stacks.read_text()
+    assert text.startswith("Fatal Python error: Aborted") and "Fatal Python error" not in proc.stderr
+    # The aborting thread, and the other Python thread where it was (faulthandler's order of the two varies).
+    blocks = {b.split(" ", 1)[0]: b for b in text.split("\n\n") if b.startswith(("Current thread", "Thread 0x"))}
+    assert "in wait_for_the_collective" in blocks["Current"] and "in background_sampler" in blocks["Thread"], text

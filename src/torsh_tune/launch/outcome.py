@@ -35,7 +35,7 @@ from typing import Any
 
 from ..rundir import RunDir
 
-__all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "parse_torchrun_failures"]
+__all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "drop_empty_stacks", "parse_torchrun_failures"]
 
 #: Every status a run can end with.
 RUN_STATUSES = (
@@ -97,6 +97,9 @@ class RunOutcome:
             rank failed), "stopped" (stopped by the supervisor), "unknown".
         warnings: Problems that do not make the run a failure, each "kind: explanation"
             (e.g. "exit_abort: ..." for an abort after every rank finished).
+        stacks: Ranks that died of a fatal signal (SIGSEGV, SIGABRT, ...) and left every Python
+            thread's stack in ranks/rankNNNNN.stacks.txt (`runtime.bootstrap`); a signalled root's
+            message names its file.
     """
 
     status: str
@@ -108,6 +111,7 @@ class RunOutcome:
     signal: str | None = None
     ranks: dict[int, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    stacks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.status in RUN_STATUSES, self.status
@@ -121,6 +125,7 @@ class RunOutcome:
         d = asdict(self)
         d["stderr_tail"] = list(self.stderr_tail)
         d["warnings"] = list(self.warnings)
+        d["stacks"] = list(self.stacks)
         d["ranks"] = {str(k): v for k, v in sorted(self.ranks.items())}
         return d
 
@@ -217,6 +222,29 @@ def _read_lines(path: Path) -> list[str]:
         return []
 
 
+def drop_empty_stacks(run_dir: RunDir) -> None:
+    """Remove the ranks' stacks files that stayed empty (no fatal signal): call once every rank process ended."""
+    for path in run_dir.ranks.glob("rank*.stacks.txt") if run_dir.ranks.is_dir() else ():
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def _stacks(run_dir: RunDir) -> dict[int, str]:
+    """Rank -> its stacks file relative to the run directory, for the ranks that wrote one."""
+    out = {}
+    for path in run_dir.ranks.glob("rank*.stacks.txt") if run_dir.ranks.is_dir() else ():
+        m = re.match(r"rank(\d+)\.", path.name)
+        try:
+            if m and path.stat().st_size > 0:
+                out[int(m.group(1))] = str(path.relative_to(run_dir.path))
+        except OSError:
+            pass
+    return out
+
+
 def _tail(path: Path, n: int = _TAIL_LINES) -> tuple[str, ...]:
     return tuple(_read_lines(path)[-n:])
 
@@ -302,7 +330,8 @@ def classify_run(
             failed before starting workers from workers that failed silently).
     """
     launcher_log = run_dir.logs / "launcher.log"
-    common = {"returncode": returncode, "duration_s": duration_s}
+    stacks = _stacks(run_dir)
+    common = {"returncode": returncode, "duration_s": duration_s, "stacks": tuple(sorted(stacks))}
     if launch_failure is not None:
         return RunOutcome(status="launch_error", message=launch_failure, ranks={}, **common)
 
@@ -352,6 +381,8 @@ def classify_run(
             what = f"torchrun exited with status {returncode}"
         warning = (f"exit_abort: every rank finished and wrote its exit record, then {what} at exit; "
                    "the measurement is valid")
+        if root is not None and root.rank in stacks:
+            warning += f" (its Python stacks at the signal: {stacks[root.rank]})"
         tail_path = run_dir.rank_log(root.rank) if root is not None else launcher_log
         return RunOutcome(status="ok", message=warning, warnings=(warning,), stderr_tail=_tail(tail_path),
                           ranks=ranks, **common)
@@ -381,6 +412,7 @@ def classify_run(
         message = f"rank {root.rank} was killed by {root.signal}"
         if root_status in _DONE:
             message += f" after recording a clean exit ({root_status}), before every rank did"
+        where = f" (its Python stacks at the signal: {stacks[root.rank]})" if root.rank in stacks else ""
         status = "signal"
         # SIGKILL comes from outside (the kernel's OOM killer, a scheduler, a user) and
         # leaves nothing to read; an abort may follow an OOM or NCCL's watchdog.
@@ -397,7 +429,7 @@ def classify_run(
             status=status,
             failing_rank=root.rank,
             signal=root.signal,
-            message=message,
+            message=message + where,
             stderr_tail=tuple(log[-_TAIL_LINES:]),
             ranks=ranks,
             **common,

@@ -32,7 +32,7 @@ from ._logs import LogDemux
 from ._procs import die_with_this_thread, find_run_processes, kill_run_processes, signal_group, terminate_run_processes
 from .command import apply_launcher_template, build_run_env, build_torchrun_command, new_run_id, write_config_json
 from .emulate import ENV_EMULATED, EmulateSpec
-from .outcome import RunOutcome, classify_run
+from .outcome import RunOutcome, classify_run, drop_empty_stacks
 from .progress import Progress, StepsWatcher
 from .runinfo import finish_run_info, start_run_info
 from .warm import ForkedAgent, WarmAgents
@@ -303,6 +303,7 @@ class _Supervisor:
         kill_run_processes(self.run_id, grace_s=min(self.config.budget.kill_grace_s, 2.0))
         self.demux.join(timeout_s=5.0)
         self.watcher.poll()
+        drop_empty_stacks(self.run_dir)  # every rank process has ended
         outcome = classify_run(
             self.run_dir,
             world_size=self.config.world_size,

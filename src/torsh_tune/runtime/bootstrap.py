@@ -15,7 +15,7 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import RunConfig, dist_env
 from ..errors import ConfigError
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return _config_error(rt, exc, launched=run_dir is not None)
     patches.install(rt)
     rt.start()
+    if run_dir is not None:
+        _stacks_on_a_fatal_signal(run_dir.rank_file(rt.rank, "stacks"))
 
     sys.argv = argv
     script_dir = str(Path(script).resolve().parent)
@@ -137,6 +139,34 @@ def main(argv: list[str] | None = None) -> int:
     _teardown_process_group(barrier=False)
     rt.finish("ok")
     return 0
+
+
+#: The stacks file, open for the life of the process: faulthandler writes to its descriptor from a signal handler.
+_STACKS: list[Any] = []
+
+
+def _stacks_on_a_fatal_signal(path: Path) -> None:
+    """Have Python write every thread's stack to `path` if the rank dies of a fatal signal.
+
+    SIGSEGV, SIGABRT (gloo's "terminate called without an active exception", NCCL's watchdog after a
+    collective timed out, a C++ assertion), SIGBUS, SIGFPE, SIGILL: the rank writes no exit record and
+    its log ends in C++'s last words, if any. With `faulthandler` the file says where the training
+    thread was (which collective, which line of the script) and what every other Python thread did.
+    Costs nothing until such a signal. Left alone when the script's environment enabled faulthandler
+    already (PYTHONFAULTHANDLER, -X faulthandler): the user's choice of file stands, as does a later
+    `faulthandler.enable()` of the script's own. The launcher removes the file when it stayed empty
+    (`launch.outcome.drop_empty_stacks`).
+    """
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        return
+    try:
+        file = open(path, "w")  # noqa: SIM115 - open until the process ends
+    except OSError:
+        return
+    _STACKS.append(file)
+    faulthandler.enable(file=file, all_threads=True)
 
 
 def _skip_the_final_collection() -> None:
