@@ -33,17 +33,21 @@ import json
 import os
 import re
 import secrets
+import signal
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .errors import invalid
 
-__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "RunDir", "StudyDir", "is_study_dir", "new_run_dir", "world_size_of",
+__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "STACKS_SIGNAL", "RunDir", "StudyDir", "is_study_dir", "new_run_dir", "world_size_of",
            "write_json_atomic", "write_text_atomic"]
 
 ENV_RUN_DIR = "TORSH_TUNE_RUN_DIR"
 ENV_CONFIG = "TORSH_TUNE_CONFIG"
+#: The signal that asks a rank to write every Python thread's stack to ranks/rankNNNNN.stacks.txt (faulthandler),
+#: sent by the supervisor before it stops a hung or timed-out run, to the ranks whose meta.json says they answer it.
+STACKS_SIGNAL = signal.SIGUSR2
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

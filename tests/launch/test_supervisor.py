@@ -212,6 +212,16 @@ def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
     assert out.status == "timeout", out
     assert "budget.timeout_s=8" in out.message
     assert out.ranks == {0: "stopped", 1: "stopped"}
+    # Before the stop each rank wrote where it was: every Python thread's stack (faulthandler, on the stacks
+    # signal), the script's sleep in the training thread.
+    assert out.stacks == (0, 1), out
+    assert out.message.endswith("; the ranks' Python stacks at the stop: ranks/rank00000.stacks.txt, "
+                                "ranks/rank00001.stacks.txt")
+    script = (tmp_path / "script.py").read_text().splitlines()
+    sleep = 1 + script.index("time.sleep(120)")
+    for rank in (0, 1):
+        stacks = run.run_dir.rank_file(rank, "stacks").read_text()
+        assert f'script.py", line {sleep} in <module>' in stacks and "Thread 0x" in stacks, stacks
     grandchild = [int(line.split()[-1]) for line in run.log(1).splitlines() if line.startswith("grandchild")]
     assert len(grandchild) == 1
     # torchrun (up: rank 1 ran) logs the stop's SIGTERM at once, then its traceback; only filed.

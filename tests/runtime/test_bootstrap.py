@@ -304,3 +304,29 @@ def test_a_fatal_signal_leaves_every_python_threads_stack_unless_the_user_chose_
     # The aborting thread, and the other Python thread where it was (faulthandler's order of the two varies).
     blocks = {b.split(" ", 1)[0]: b for b in text.split("\n\n") if b.startswith(("Current thread", "Thread 0x"))}
     assert "in wait_for_the_collective" in blocks["Current"] and "in background_sampler" in blocks["Thread"], text
+
+
+def test_the_stacks_signal_is_taken_only_while_nothing_handles_it(tmp_path):
+    import subprocess
+    import sys
+
+    script = """
+import signal, sys
+from pathlib import Path
+from torsh_tune.rundir import STACKS_SIGNAL
+from torsh_tune.runtime.bootstrap import _stacks_on_a_fatal_signal
+def theirs(signum, frame):
+    print("their handler")
+if sys.argv[2] == "theirs":
+    signal.signal(STACKS_SIGNAL, theirs)
+print(_stacks_on_a_fatal_signal(Path(sys.argv[1])))
+signal.raise_signal(STACKS_SIGNAL)
+print("alive")
+"""
+    for who, answers, printed in (("none", "True", ""), ("theirs", "False", "their handler\n")):
+        stacks = tmp_path / f"{who}.stacks.txt"
+        proc = subprocess.run([sys.executable, "-c", script, str(stacks), who], capture_output=True, text=True,
+                              timeout=60)
+        # The rank goes on after writing its stacks; a handler of the script's own stays in charge.
+        assert proc.stdout == f"{answers}\n{printed}alive\n", proc.stderr[-2000:]
+        assert ("Current thread" in stacks.read_text()) == (who == "none")

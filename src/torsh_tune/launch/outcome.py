@@ -97,9 +97,10 @@ class RunOutcome:
             rank failed), "stopped" (stopped by the supervisor), "unknown".
         warnings: Problems that do not make the run a failure, each "kind: explanation"
             (e.g. "exit_abort: ..." for an abort after every rank finished).
-        stacks: Ranks that died of a fatal signal (SIGSEGV, SIGABRT, ...) and left every Python
-            thread's stack in ranks/rankNNNNN.stacks.txt (`runtime.bootstrap`); a signalled root's
-            message names its file.
+        stacks: Ranks that left every Python thread's stack in ranks/rankNNNNN.stacks.txt
+            (`runtime.bootstrap`): those that died of a fatal signal (SIGSEGV, SIGABRT, ...; a
+            signalled root's message names its file), and on a hang or a timeout those the
+            supervisor asked before the stop (the message names them).
     """
 
     status: str
@@ -363,7 +364,9 @@ def classify_run(
             ranks[r] = "unknown"
 
     if stopped is not None:
-        # Rank 0's last words usually show where a hung or slow job was.
+        # Rank 0's last words usually show where a hung or slow job was; the ranks' stacks, where each one was.
+        if stacks:
+            stop_message += "; the ranks' Python stacks at the stop: " + ", ".join(stacks[r] for r in sorted(stacks))
         return RunOutcome(
             status=stopped, message=stop_message, stderr_tail=_tail(run_dir.rank_log(0)), ranks=ranks, **common
         )

@@ -16,8 +16,11 @@ explain the failure by itself. Both stay in logs/.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import invalid
-from ..rundir import RunDir
+from ..rundir import STACKS_SIGNAL, RunDir
 from ._logs import LogDemux
 from ._procs import die_with_this_thread, find_run_processes, kill_run_processes, signal_group, terminate_run_processes
 from .command import apply_launcher_template, build_run_env, build_torchrun_command, new_run_id, write_config_json
@@ -232,6 +235,8 @@ class _Supervisor:
                 self._finish("interrupted", f"supervisor failed: {type(exc).__name__}: {exc}")
                 raise
             if stopped is not None:
+                if stopped in ("hang", "timeout"):
+                    self._ask_for_stacks()
                 self._stop()
             return self._finish(stopped, stop_message)
 
@@ -277,6 +282,39 @@ class _Supervisor:
             except queue.Empty:
                 return
             self.echo(line)
+
+    def _ask_for_stacks(self, wait_s: float = 1.0) -> None:
+        """Before a hung or timed-out run is stopped: where was each rank? Its Python stacks, in its stacks file.
+
+        Only ranks of this host whose meta.json says they answer `STACKS_SIGNAL` (`runtime.bootstrap`), and only
+        a pid that still carries this run's marker, are sent it; their faulthandler writes at once, from the
+        signal handler, even while the thread is blocked in C++. Waits up to `wait_s` for the files.
+        """
+        live = {p.pid for p in find_run_processes(self.run_id)}
+        host = socket.gethostname()
+        asked = []
+        for rank in self.run_dir.rank_ids():
+            try:
+                meta = json.loads(self.run_dir.rank_file(rank, "meta").read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(meta, dict) or meta.get("stacks_signal") != STACKS_SIGNAL.name:
+                continue
+            if meta.get("hostname") != host or meta.get("pid") not in live:
+                continue
+            try:
+                os.kill(int(meta["pid"]), STACKS_SIGNAL)
+            except OSError:
+                continue
+            asked.append(self.run_dir.rank_file(rank, "stacks"))
+        deadline = time.monotonic() + wait_s
+        while asked and time.monotonic() < deadline:
+            try:
+                if all(path.stat().st_size > 0 for path in asked):
+                    return
+            except OSError:
+                return
+            time.sleep(0.05)
 
     def _stop(self) -> None:
         """SIGTERM everything, wait up to kill_grace_s, then SIGKILL whatever is left."""

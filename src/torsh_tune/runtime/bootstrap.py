@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import RunConfig, dist_env
 from ..errors import ConfigError
-from ..rundir import ENV_CONFIG, ENV_RUN_DIR, RunDir
+from ..rundir import ENV_CONFIG, ENV_RUN_DIR, STACKS_SIGNAL, RunDir
 
 if TYPE_CHECKING:
     from .context import RankRuntime
@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return _config_error(rt, exc, launched=run_dir is not None)
     patches.install(rt)
+    if run_dir is not None and _stacks_on_a_fatal_signal(run_dir.rank_file(rt.rank, "stacks")):
+        rt.meta["stacks_signal"] = STACKS_SIGNAL.name  # the supervisor may ask for them (meta.json, `pid`)
     rt.start()
-    if run_dir is not None:
-        _stacks_on_a_fatal_signal(run_dir.rank_file(rt.rank, "stacks"))
 
     sys.argv = argv
     script_dir = str(Path(script).resolve().parent)
@@ -145,28 +145,38 @@ def main(argv: list[str] | None = None) -> int:
 _STACKS: list[Any] = []
 
 
-def _stacks_on_a_fatal_signal(path: Path) -> None:
-    """Have Python write every thread's stack to `path` if the rank dies of a fatal signal.
+def _stacks_on_a_fatal_signal(path: Path) -> bool:
+    """Have Python write every thread's stack to `path` if the rank dies of a fatal signal, or on `STACKS_SIGNAL`.
 
     SIGSEGV, SIGABRT (gloo's "terminate called without an active exception", NCCL's watchdog after a
     collective timed out, a C++ assertion), SIGBUS, SIGFPE, SIGILL: the rank writes no exit record and
     its log ends in C++'s last words, if any. With `faulthandler` the file says where the training
     thread was (which collective, which line of the script) and what every other Python thread did.
-    Costs nothing until such a signal. Left alone when the script's environment enabled faulthandler
+    The supervisor sends `STACKS_SIGNAL` before it stops a hung or timed-out run: the dump runs in the
+    signal handler, so a thread blocked in C++ (a collective whose peer never came) is shown where it
+    waits. Costs nothing until a signal. Left alone when the script's environment enabled faulthandler
     already (PYTHONFAULTHANDLER, -X faulthandler): the user's choice of file stands, as does a later
-    `faulthandler.enable()` of the script's own. The launcher removes the file when it stayed empty
-    (`launch.outcome.drop_empty_stacks`).
+    `faulthandler.enable()` of the script's own. `STACKS_SIGNAL` is taken only while nothing handles it.
+    The launcher removes the file when it stayed empty (`launch.outcome.drop_empty_stacks`).
+
+    Returns:
+        Whether the rank answers `STACKS_SIGNAL` (meta.json says so: no other process is sent it).
     """
     import faulthandler
+    import signal
 
     if faulthandler.is_enabled():
-        return
+        return False
     try:
         file = open(path, "w")  # noqa: SIM115 - open until the process ends
     except OSError:
-        return
+        return False
     _STACKS.append(file)
     faulthandler.enable(file=file, all_threads=True)
+    if signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
+        return False
+    faulthandler.register(STACKS_SIGNAL, file=file, all_threads=True, chain=False)
+    return True
 
 
 def _skip_the_final_collection() -> None:
