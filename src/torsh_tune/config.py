@@ -93,8 +93,9 @@ class BudgetConfig:
     timeout_s: float | None = _f(None, "Wall-clock limit of the whole run in seconds (each rank's Python stacks at "
                                        "the stop go to ranks/rankNNNNN.stacks.txt).")
     no_progress_timeout_s: float = _f(
-        300.0, "A run that writes no step record for this many seconds is a hang and is stopped (each rank's "
-               "Python stacks at the stop go to ranks/rankNNNNN.stacks.txt)."
+        300.0, "A run that writes no step record for this many seconds (counted from the launch, and again "
+               "from each rank's start) is a hang and is stopped (each rank's Python stacks at the stop go to "
+               "ranks/rankNNNNN.stacks.txt)."
     )
     kill_grace_s: float = _f(10.0, "Seconds between SIGTERM and SIGKILL when a run is stopped.")
 

@@ -78,6 +78,9 @@ def test_each_failure_kind_is_classified_with_its_reason_and_leaves_no_process(t
     assert run.samples_s is None  # never zero throughput
     assert info["status"] == status and info["outcome"]["status"] == status
     assert run_survivors(info["run_id"]) == []
+    if status == "hang":  # where each rank was when it was stopped: rank 1 asleep before its first step
+        assert info["outcome"]["stacks"] == [0, 1], info["outcome"]
+        assert "in <module>" in (Path(run.run_dir) / "ranks" / "rank00001.stacks.txt").read_text()
 
 
 # -- a study whose trials fail in different ways -------------------------------------------

@@ -127,6 +127,11 @@ def test_steps_watcher_reads_only_new_complete_lines(tmp_path: Path) -> None:
     p = w.snapshot(2.0)
     assert (p.steps_done, p.ranks_reporting, p.last_step_s, p.elapsed_s) == (2, 2, 0.5, 2.0)
     assert not w.poll()  # nothing new
+    # A rank coming up (its meta.json) restarts the no-progress clock once; a rewritten meta.json does not.
+    rd.rank_file(1, "meta").write_text("{}")
+    assert w.poll() and not w.poll()
+    rd.rank_file(1, "meta").write_text('{"device": "cuda"}')
+    assert not w.poll() and w.snapshot(3.0).steps_done == 2
 
 
 def test_run_json_start_and_finish(tmp_path: Path) -> None:

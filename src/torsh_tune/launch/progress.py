@@ -18,6 +18,7 @@ from ..rundir import RunDir
 __all__ = ["Progress", "StepsWatcher"]
 
 _STEPS_RE = re.compile(r"^rank(\d+)\.steps\.jsonl$")
+_META_RE = re.compile(r"^rank(\d+)\.meta\.json$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,10 +53,16 @@ class StepsWatcher:
     def __init__(self, run_dir: RunDir) -> None:
         self._run_dir = run_dir
         self._files: dict[int, _RankFile] = {}
+        self._up: set[int] = set()  # ranks whose meta.json appeared: the profiler in them started
         self.last_step_s: float | None = None
 
     def poll(self) -> bool:
-        """Read what was appended since the last call; True when any steps file grew."""
+        """Read what was appended since the last call; True when any steps file grew or a rank came up.
+
+        A rank coming up (its meta.json, written before the script runs) is progress too: the start-up
+        before it (imports, torchrun's rendezvous) is not the script hanging, and on a loaded host it
+        can take most of a short no-progress timeout.
+        """
         grew = False
         try:
             entries = list(self._run_dir.ranks.iterdir())
@@ -65,6 +72,11 @@ class StepsWatcher:
             m = _STEPS_RE.match(path.name)
             if m:
                 grew |= self._read_new(int(m.group(1)), path)
+                continue
+            m = _META_RE.match(path.name)
+            if m and int(m.group(1)) not in self._up:
+                self._up.add(int(m.group(1)))
+                grew = True
         return grew
 
     def _read_new(self, rank: int, path: Path) -> bool:
