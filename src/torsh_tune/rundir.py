@@ -40,8 +40,8 @@ from typing import Any, Iterable, Mapping
 
 from .errors import invalid
 
-__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "STACKS_SIGNAL", "RunDir", "StudyDir", "is_study_dir", "new_run_dir", "world_size_of",
-           "write_json_atomic", "write_text_atomic"]
+__all__ = ["ENV_CONFIG", "ENV_RUN_DIR", "STACKS_SIGNAL", "RunDir", "StudyDir", "is_study_dir", "new_run_dir",
+           "world_size_of", "write_json_atomic", "write_text_atomic"]
 
 ENV_RUN_DIR = "TORSH_TUNE_RUN_DIR"
 ENV_CONFIG = "TORSH_TUNE_CONFIG"

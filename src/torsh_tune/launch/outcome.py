@@ -35,7 +35,8 @@ from typing import Any
 
 from ..rundir import RunDir
 
-__all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "drop_empty_stacks", "parse_torchrun_failures"]
+__all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "drop_empty_stacks",
+           "parse_torchrun_failures"]
 
 #: Every status a run can end with.
 RUN_STATUSES = (
