@@ -27,7 +27,16 @@ def torchrun_bootstrap(run_dir: Path, script: Path, *args: str, nproc: int = 2, 
     full_env = dict(os.environ, TORSH_TUNE_RUN_DIR=str(run_dir), TORSH_TUNE_CONFIG=str(cfg), **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "torsh_tune.runtime.bootstrap", str(script), *args]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:  # where a rank that died of a signal was: at the end, where assertions show stderr
+        proc.stderr += rank_stacks(run_dir)
+    return proc
+
+
+def rank_stacks(run_dir: Path) -> str:
+    """The Python stacks the ranks of a run left at a fatal signal or a stop (ranks/*.stacks.txt), or ""."""
+    found = [p for p in sorted((Path(run_dir) / "ranks").glob("rank*.stacks.txt")) if p.stat().st_size]
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')}" for p in found)
 
 
 def assert_record_schema(record: dict, kind: str) -> None:

@@ -16,7 +16,7 @@ from torsh_tune.analysis import analyze_run, phase_frame
 from torsh_tune.config import ThresholdsConfig
 from torsh_tune.rundir import RunDir
 
-from helpers import SCRIPTS, read_jsonl, run_cli
+from helpers import SCRIPTS, rank_stacks, read_jsonl, run_cli
 
 # Every stack's self-check must agree with its trace within 5 pp, so each run is measured alone (`make test`
 # runs the `serial` tests after the parallel part), not beside another test's ranks on the same cores.
@@ -31,7 +31,7 @@ def _profile(tmp_path, name: str, script: str, *script_args: str, extra: tuple[s
     proc = run_cli("profile", "--nproc-per-node", "2", "--steps", str(steps), "--warmup-steps", str(WARMUP),
                    "--quiet", *extra, "--runs-dir", str(runs), "--run-name", name, str(SCRIPTS / script),
                    *script_args, timeout=timeout, env={"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + rank_stacks(runs / name)[-6000:]
     return RunDir(runs / name)
 
 
