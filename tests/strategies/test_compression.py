@@ -113,7 +113,8 @@ def trained(tmp_path_factory) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT),
            "--methods", ",".join(METHODS), "--steps", "400", "--ratio", "0.1", "--rank", "2", "--start-iter", "10",
            "--min-ratio", "0.01", "--max-ratio", "0.25", "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _results(out)
 

@@ -54,7 +54,8 @@ def _launch(tmp_path_factory, name: str, nproc: int, *args: str) -> list[dict]:
     out = str(tmp_path_factory.mktemp(name) / "out")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(SCRIPT),
            *args, "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(open(f"{out}.rank{r}.json").read()) for r in range(nproc)]
 
