@@ -78,9 +78,14 @@ def test_each_failure_kind_is_classified_with_its_reason_and_leaves_no_process(t
     assert run.samples_s is None  # never zero throughput
     assert info["status"] == status and info["outcome"]["status"] == status
     assert run_survivors(info["run_id"]) == []
-    if status == "hang":  # where each rank was when it was stopped: rank 1 asleep before its first step
+    if status == "hang":  # where each rank was when it was stopped: rank 1 asleep before its first step,
+        # rank 0 in the backward whose all-reduce waits for it
         assert info["outcome"]["stacks"] == [0, 1], info["outcome"]
-        assert "in <module>" in (Path(run.run_dir) / "ranks" / "rank00001.stacks.txt").read_text()
+        lines = SCRIPT.read_text().splitlines()
+        sleep = 1 + next(i for i, line in enumerate(lines) if "time.sleep(3600)" in line)
+        backward = 1 + next(i for i, line in enumerate(lines) if ".backward()" in line)
+        assert (f"where the ranks were in the script: fail_modes.py:{backward} (rank 0), fail_modes.py:{sleep} "
+                "(rank 1); ") in info["outcome"]["message"], info["outcome"]["message"]
 
 
 # -- a study whose trials fail in different ways -------------------------------------------

@@ -334,6 +334,47 @@ def test_a_signalled_ranks_python_stacks_are_named_and_empty_stacks_files_are_dr
     out = classify_run(rd, world_size=2, returncode=1, duration_s=1.0)
     assert out.stacks == () and "stacks" not in out.warnings[0]
 
+
+def _dump(*threads: list[tuple[str, int, str]], fatal: bool = False) -> str:
+    """A faulthandler dump: one block per thread (frames most recent first), the last one current."""
+    blocks = []
+    for i, frames in enumerate(threads):
+        head = "Current thread 0x00007f01" if i == len(threads) - 1 else f"Thread 0x00007f0{i + 2}"
+        blocks.append(head + " (most recent call first):\n" + "".join(
+            f'  File "{f}", line {n} in {fn}\n' for f, n, fn in frames))
+    return ("Fatal Python error: Aborted\n\n" if fatal else "") + "\n".join(blocks)
+
+
+BOOT = "/venv/lib/python3.11/site-packages/torsh_tune/runtime/bootstrap.py"
+SAMPLER = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/venv/torsh_tune/profiler/system.py", 182, "_run")]
+
+
+def test_a_stopped_run_says_where_each_ranks_training_thread_was_in_the_script(tmp_path: Path) -> None:
+    rd = new_run_dir(tmp_path, "train.py")
+    rd.run_json.write_text(json.dumps({"script": "/work/train.py"}))
+    in_all_reduce = [("/venv/torch/distributed/distributed_c10d.py", 2950, "all_reduce"), ("/work/train.py", 57, "step"),
+                     ("/work/train.py", 80, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
+    asleep = [("/work/train.py", 93, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
+    for rank, frames in ((0, in_all_reduce), (1, asleep), (2, in_all_reduce), (3, in_all_reduce)):
+        rd.rank_file(rank, "stacks").write_text(_dump(SAMPLER, frames))
+    out = classify_run(rd, world_size=4, returncode=-15, duration_s=9.0, stopped="hang", stop_message="no step record")
+    assert out.message == (
+        "no step record; where the ranks were in the script: train.py:57 (ranks 0, 2-3), train.py:93 (rank 1); "
+        "the ranks' Python stacks at the stop: ranks/rank00000.stacks.txt, ranks/rank00001.stacks.txt, "
+        "ranks/rank00002.stacks.txt, ranks/rank00003.stacks.txt")
+    # A crash's dump after the stop's: the last one counts. A dump without the bootstrap's thread (a forked
+    # DataLoader worker's) or without a frame in the script names no line.
+    rd.rank_file(1, "stacks").write_text(_dump(SAMPLER, asleep) + "\n" + _dump(in_all_reduce, fatal=True))
+    rd.rank_file(2, "stacks").write_text(_dump([("/work/train.py", 12, "collate")]))
+    rd.rank_file(3, "stacks").write_text(_dump([("/venv/torch/x.py", 1, "f"), (BOOT, 119, "main")]))
+    out = classify_run(rd, world_size=4, returncode=-15, duration_s=9.0, stopped="hang", stop_message="no step record")
+    assert "where the ranks were in the script: train.py:57 (ranks 0-1); " in out.message
+    # A rank killed by a signal: where it was, before what else is known.
+    (rd.logs / "launcher.log").write_text(_summary(1, -6, other=(0, -15)))
+    out = classify_run(rd, world_size=4, returncode=1, duration_s=1.0)
+    assert out.message == "rank 1 was killed by SIGABRT at train.py:57 (its Python stacks at the signal: " \
+                          "ranks/rank00001.stacks.txt)"
+
 def test_a_root_that_recorded_its_own_error_died_of_it(tmp_path: Path) -> None:
     # The rank raised (exit record written), then aborted while exiting: the error is the cause.
     rd = new_run_dir(tmp_path, "t.py")

@@ -219,6 +219,7 @@ def test_wall_clock_timeout_kills_everything(tmp_path: Path) -> None:
                                 "ranks/rank00001.stacks.txt")
     script = (tmp_path / "script.py").read_text().splitlines()
     sleep = 1 + script.index("time.sleep(120)")
+    assert f"; where the ranks were in the script: script.py:{sleep} (ranks 0-1); " in out.message
     for rank in (0, 1):
         stacks = run.run_dir.rank_file(rank, "stacks").read_text()
         assert f'script.py", line {sleep} in <module>' in stacks and "Thread 0x" in stacks, stacks

@@ -247,6 +247,62 @@ def _stacks(run_dir: RunDir) -> dict[int, str]:
     return out
 
 
+_FRAME_RE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in ')
+_BOOTSTRAP = str(Path("torsh_tune", "runtime", "bootstrap.py"))
+
+
+def _script_line(dump: str, script: str) -> str | None:
+    """Where a faulthandler dump has the training thread in the script: "train.py:57", or None.
+
+    The training thread is the one whose stack runs through torsh-tune's bootstrap (the last such in
+    the file: a stop's dump may be followed by a crash's); the line is its innermost frame in `script`
+    (a collective or a sleep called from there is below it, in torch or Python).
+    """
+    threads: list[list[tuple[str, int]]] = []
+    frames: list[tuple[str, int]] | None = None
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            frames = []
+            threads.append(frames)
+        elif frames is not None and (m := _FRAME_RE.match(line)):
+            frames.append((m["file"], int(m["line"])))
+        else:
+            frames = None
+    training = [t for t in threads if any(f.endswith(_BOOTSTRAP) for f, _ in t)]
+    if not training:
+        return None
+    return next((f"{Path(f).name}:{n}" for f, n in training[-1] if f == script), None)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0, 2-5"."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+
+
+def _where_ranks_were(run_dir: RunDir, stacks: dict[int, str]) -> dict[int, str]:
+    """Rank -> its training thread's line in the script ("train.py:57"), for the ranks whose stacks show it."""
+    try:
+        script = json.loads(run_dir.run_json.read_text()).get("script")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    where = {}
+    for rank, rel in stacks.items():
+        try:
+            at = _script_line((run_dir.path / rel).read_text(errors="replace"), str(script))
+        except OSError:
+            continue
+        if at is not None:
+            where[rank] = at
+    return where
+
+
 def _tail(path: Path, n: int = _TAIL_LINES) -> tuple[str, ...]:
     return tuple(_read_lines(path)[-n:])
 
@@ -365,8 +421,15 @@ def classify_run(
             ranks[r] = "unknown"
 
     if stopped is not None:
-        # Rank 0's last words usually show where a hung or slow job was; the ranks' stacks, where each one was.
+        # Rank 0's last words usually show where a hung or slow job was; the ranks' stacks, where each one was
+        # (a rank at another line than the rest is the one to look at: a collective the others never called).
         if stacks:
+            places: dict[str, list[int]] = {}
+            for rank, at in _where_ranks_were(run_dir, stacks).items():
+                places.setdefault(at, []).append(rank)
+            if places:
+                stop_message += "; where the ranks were in the script: " + ", ".join(
+                    f"{at} ({_ranks_text(rs)})" for at, rs in sorted(places.items(), key=lambda kv: min(kv[1])))
             stop_message += "; the ranks' Python stacks at the stop: " + ", ".join(stacks[r] for r in sorted(stacks))
         return RunOutcome(
             status=stopped, message=stop_message, stderr_tail=_tail(run_dir.rank_log(0)), ranks=ranks, **common
@@ -414,9 +477,13 @@ def classify_run(
     if root is not None and root.exitcode < 0 and root_status != "error":
         log = _read_lines(run_dir.rank_log(root.rank))
         message = f"rank {root.rank} was killed by {root.signal}"
+        stacks_note = ""
+        if root.rank in stacks:
+            at = _where_ranks_were(run_dir, {root.rank: stacks[root.rank]}).get(root.rank)
+            message += f" at {at}" if at else ""
+            stacks_note = f" (its Python stacks at the signal: {stacks[root.rank]})"
         if root_status in _DONE:
             message += f" after recording a clean exit ({root_status}), before every rank did"
-        where = f" (its Python stacks at the signal: {stacks[root.rank]})" if root.rank in stacks else ""
         status = "signal"
         # SIGKILL comes from outside (the kernel's OOM killer, a scheduler, a user) and
         # leaves nothing to read; an abort may follow an OOM or NCCL's watchdog.
@@ -433,7 +500,7 @@ def classify_run(
             status=status,
             failing_rank=root.rank,
             signal=root.signal,
-            message=message + where,
+            message=message + stacks_note,
             stderr_tail=tuple(log[-_TAIL_LINES:]),
             ranks=ranks,
             **common,
