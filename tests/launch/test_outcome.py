@@ -362,13 +362,13 @@ def test_a_stopped_run_says_where_each_ranks_training_thread_was_in_the_script(t
         "no step record; where the ranks were in the script: train.py:57 (ranks 0, 2-3), train.py:93 (rank 1); "
         "the ranks' Python stacks at the stop: ranks/rank00000.stacks.txt, ranks/rank00001.stacks.txt, "
         "ranks/rank00002.stacks.txt, ranks/rank00003.stacks.txt")
-    # A crash's dump after the stop's: the last one counts. A dump without the bootstrap's thread (a forked
-    # DataLoader worker's) or without a frame in the script names no line.
+    # A crash's dump after the stop's: the last one counts. A stack cut at faulthandler's 100 frames before it
+    # reached the bootstrap: the thread with a frame in the script. No frame in the script: no line.
     rd.rank_file(1, "stacks").write_text(_dump(SAMPLER, asleep) + "\n" + _dump(in_all_reduce, fatal=True))
-    rd.rank_file(2, "stacks").write_text(_dump([("/work/train.py", 12, "collate")]))
-    rd.rank_file(3, "stacks").write_text(_dump([("/venv/torch/x.py", 1, "f"), (BOOT, 119, "main")]))
+    rd.rank_file(2, "stacks").write_text(_dump(SAMPLER, [("/venv/torch/x.py", 1, "f"), ("/work/train.py", 12, "deep")]))
+    rd.rank_file(3, "stacks").write_text(_dump(SAMPLER, [("/venv/torch/x.py", 1, "f"), (BOOT, 119, "main")]))
     out = classify_run(rd, world_size=4, returncode=-15, duration_s=9.0, stopped="hang", stop_message="no step record")
-    assert "where the ranks were in the script: train.py:57 (ranks 0-1); " in out.message
+    assert "where the ranks were in the script: train.py:57 (ranks 0-1), train.py:12 (rank 2); " in out.message
     # A rank killed by a signal: where it was, before what else is known.
     (rd.logs / "launcher.log").write_text(_summary(1, -6, other=(0, -15)))
     out = classify_run(rd, world_size=4, returncode=1, duration_s=1.0)

@@ -255,8 +255,10 @@ def _script_line(dump: str, script: str) -> str | None:
     """Where a faulthandler dump has the training thread in the script: "train.py:57", or None.
 
     The training thread is the one whose stack runs through torsh-tune's bootstrap (the last such in
-    the file: a stop's dump may be followed by a crash's); the line is its innermost frame in `script`
-    (a collective or a sleep called from there is below it, in torch or Python).
+    the file: a stop's dump may be followed by a crash's), else, when faulthandler cut a stack deeper
+    than 100 frames before it reached the bootstrap, the last thread with a frame in the script. The
+    line is that thread's innermost frame in `script` (a collective or a sleep called from there is
+    below it, in torch or Python).
     """
     threads: list[list[tuple[str, int]]] = []
     frames: list[tuple[str, int]] | None = None
@@ -268,7 +270,8 @@ def _script_line(dump: str, script: str) -> str | None:
             frames.append((m["file"], int(m["line"])))
         else:
             frames = None
-    training = [t for t in threads if any(f.endswith(_BOOTSTRAP) for f, _ in t)]
+    training = ([t for t in threads if any(f.endswith(_BOOTSTRAP) for f, _ in t)]
+                or [t for t in threads if any(f == script for f, _ in t)])
     if not training:
         return None
     return next((f"{Path(f).name}:{n}" for f, n in training[-1] if f == script), None)
