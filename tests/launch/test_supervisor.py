@@ -409,3 +409,23 @@ def test_a_dead_server_ends_its_agents_and_later_runs_start_as_new_processes(tmp
         later = _launch(tmp_path / "b", "print('fine')\n", _config(), agents=agents)
         assert later.outcome.status == "ok" and later.info["agent_start"] == "new_process"
         assert later.info["agent_fallback"] == "the warm agent server exited"
+
+
+def test_a_ranks_dump_is_complete_at_its_outermost_frame_or_once_it_stopped_growing(tmp_path: Path) -> None:
+    from torsh_tune.launch.supervisor import _dump_complete
+
+    path, sizes = tmp_path / "rank00000.stacks.txt", {}
+    path.write_text("")
+    assert not _dump_complete(path, sizes, 100.0)  # nothing yet
+    path.write_text('Thread 0x7f02 (most recent call first):\n  File "threading.py", line 331 in wait\n\n'
+                    'Current thread 0x7f01 (most recent call first):\n  File "train.py", line 8 in <module>\n')
+    assert not _dump_complete(path, sizes, 100.1)  # the training thread's stack is still being written
+    with path.open("a") as f:
+        f.write('  File "<frozen runpy>", line 198 in _run_module_as_main\n')
+    assert _dump_complete(path, sizes, 100.2)
+    # Another ending (a rank not started by the bootstrap module): complete once it stopped growing.
+    other, sizes = tmp_path / "rank00001.stacks.txt", {}
+    other.write_text('Current thread 0x7f01 (most recent call first):\n  File "train.py", line 8 in <module>\n')
+    assert not _dump_complete(other, sizes, 100.0) and not _dump_complete(other, sizes, 100.1)
+    assert _dump_complete(other, sizes, 100.4)
+    assert _dump_complete(tmp_path / "missing.stacks.txt", {}, 100.0)  # cannot be read: not waited for

@@ -158,6 +158,34 @@ def launch_run(
                        agent_fallback=fallback).run()
 
 
+#: How a faulthandler dump of a rank's threads ends: the training thread's outermost frame (`python -m
+#: torsh_tune.runtime.bootstrap`), or faulthandler's cut of a stack deeper than 100 frames.
+_DUMP_ENDS = (b" in _run_module_as_main\n", b"\n  ...\n")
+#: A dump that stopped growing this long is taken as complete (another way of starting the rank).
+_DUMP_STILL_S = 0.25
+
+
+def _dump_complete(path: Path, sizes: dict[Path, tuple[int, float]], now: float) -> bool:
+    """Whether a rank's stacks file holds its whole dump (`_ask_for_stacks`); a file that cannot be read counts.
+
+    `sizes`: path -> (its size, when it was first seen at that size), kept by the caller; `now`: monotonic seconds.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            f.seek(max(0, size - 64))
+            tail = f.read()
+    except OSError:
+        return True
+    if size and tail.endswith(_DUMP_ENDS):
+        return True
+    seen, since = sizes.get(path, (-1, now))
+    if seen != size:
+        sizes[path] = (size, now)
+        return False
+    return size > 0 and now - since >= _DUMP_STILL_S
+
+
 class _Terminated(BaseException):
     """SIGTERM/SIGHUP reached the supervisor: stop the job as for Ctrl-C."""
 
@@ -283,12 +311,14 @@ class _Supervisor:
                 return
             self.echo(line)
 
-    def _ask_for_stacks(self, wait_s: float = 1.0) -> None:
+    def _ask_for_stacks(self, wait_s: float = 2.0) -> None:
         """Before a hung or timed-out run is stopped: where was each rank? Its Python stacks, in its stacks file.
 
         Only ranks of this host whose meta.json says they answer `STACKS_SIGNAL` (`runtime.bootstrap`), and only
         a pid that still carries this run's marker, are sent it; their faulthandler writes at once, from the
-        signal handler, even while the thread is blocked in C++. Waits up to `wait_s` for the files.
+        signal handler, even while the thread is blocked in C++. The stop's SIGTERM would cut a dump short, and
+        the training thread's stack comes last (the oldest thread), so each file is waited for until it ends in
+        that stack's outermost frame (`_dump_complete`), up to `wait_s`.
         """
         live = {p.pid for p in find_run_processes(self.run_id)}
         host = socket.gethostname()
@@ -307,14 +337,11 @@ class _Supervisor:
             except OSError:
                 continue
             asked.append(self.run_dir.rank_file(rank, "stacks"))
+        sizes: dict[Path, tuple[int, float]] = {}  # path -> (size, when it was first seen at that size)
         deadline = time.monotonic() + wait_s
         while asked and time.monotonic() < deadline:
-            try:
-                if all(path.stat().st_size > 0 for path in asked):
-                    return
-            except OSError:
-                return
-            time.sleep(0.05)
+            asked = [path for path in asked if not _dump_complete(path, sizes, time.monotonic())]
+            time.sleep(0.02)
 
     def _stop(self) -> None:
         """SIGTERM everything, wait up to kill_grace_s, then SIGKILL whatever is left."""
