@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
+from importlib.util import find_spec
 from pathlib import Path
 
 from torsh_tune.config import LaunchConfig, RunConfig
@@ -345,16 +347,18 @@ def _dump(*threads: list[tuple[str, int, str]], fatal: bool = False) -> str:
     return ("Fatal Python error: Aborted\n\n" if fatal else "") + "\n".join(blocks)
 
 
-BOOT = "/venv/lib/python3.11/site-packages/torsh_tune/runtime/bootstrap.py"
-SAMPLER = [("/usr/lib/python3.11/threading.py", 331, "wait"), ("/venv/torsh_tune/profiler/system.py", 182, "_run")]
+# The frames' files as this installation has them (the bootstrap's is how the training thread is told apart).
+BOOT = find_spec("torsh_tune.runtime.bootstrap").origin  # found, not imported: no torch in these tests
+SAMPLER = [(threading.__file__, 331, "wait"), (find_spec("torsh_tune.profiler.system").origin, 182, "_run")]
 
 
 def test_a_stopped_run_says_where_each_ranks_training_thread_was_in_the_script(tmp_path: Path) -> None:
     rd = new_run_dir(tmp_path, "train.py")
-    rd.run_json.write_text(json.dumps({"script": "/work/train.py"}))
-    in_all_reduce = [("/venv/torch/distributed/distributed_c10d.py", 2950, "all_reduce"), ("/work/train.py", 57, "step"),
-                     ("/work/train.py", 80, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
-    asleep = [("/work/train.py", 93, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
+    script, c10d = str(tmp_path / "train.py"), str(tmp_path / "torch" / "distributed" / "distributed_c10d.py")
+    rd.run_json.write_text(json.dumps({"script": script}))
+    in_all_reduce = [(c10d, 2950, "all_reduce"), (script, 57, "step"),
+                     (script, 80, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
+    asleep = [(script, 93, "<module>"), ("<frozen runpy>", 88, "_run_code"), (BOOT, 119, "main")]
     for rank, frames in ((0, in_all_reduce), (1, asleep), (2, in_all_reduce), (3, in_all_reduce)):
         rd.rank_file(rank, "stacks").write_text(_dump(SAMPLER, frames))
     out = classify_run(rd, world_size=4, returncode=-15, duration_s=9.0, stopped="hang", stop_message="no step record")
@@ -365,8 +369,8 @@ def test_a_stopped_run_says_where_each_ranks_training_thread_was_in_the_script(t
     # A crash's dump after the stop's: the last one counts. A stack cut at faulthandler's 100 frames before it
     # reached the bootstrap: the thread with a frame in the script. No frame in the script: no line.
     rd.rank_file(1, "stacks").write_text(_dump(SAMPLER, asleep) + "\n" + _dump(in_all_reduce, fatal=True))
-    rd.rank_file(2, "stacks").write_text(_dump(SAMPLER, [("/venv/torch/x.py", 1, "f"), ("/work/train.py", 12, "deep")]))
-    rd.rank_file(3, "stacks").write_text(_dump(SAMPLER, [("/venv/torch/x.py", 1, "f"), (BOOT, 119, "main")]))
+    rd.rank_file(2, "stacks").write_text(_dump(SAMPLER, [(c10d, 1, "f"), (script, 12, "deep")]))
+    rd.rank_file(3, "stacks").write_text(_dump(SAMPLER, [(c10d, 1, "f"), (BOOT, 119, "main")]))
     out = classify_run(rd, world_size=4, returncode=-15, duration_s=9.0, stopped="hang", stop_message="no step record")
     assert "where the ranks were in the script: train.py:57 (ranks 0-1), train.py:12 (rank 2); " in out.message
     # A rank killed by a signal: where it was, before what else is known.
@@ -374,6 +378,7 @@ def test_a_stopped_run_says_where_each_ranks_training_thread_was_in_the_script(t
     out = classify_run(rd, world_size=4, returncode=1, duration_s=1.0)
     assert out.message == "rank 1 was killed by SIGABRT at train.py:57 (its Python stacks at the signal: " \
                           "ranks/rank00001.stacks.txt)"
+
 
 def test_a_root_that_recorded_its_own_error_died_of_it(tmp_path: Path) -> None:
     # The rank raised (exit record written), then aborted while exiting: the error is the cause.

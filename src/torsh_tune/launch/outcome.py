@@ -26,6 +26,7 @@ was done. The measurement is valid, so the run is `ok` with an `exit_abort` warn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal as _signal
@@ -224,27 +225,30 @@ def _read_lines(path: Path) -> list[str]:
         return []
 
 
-def drop_empty_stacks(run_dir: RunDir) -> None:
-    """Remove the ranks' stacks files that stayed empty (no fatal signal): call once every rank process ended."""
+def _stacks_files(run_dir: RunDir) -> list[tuple[int, Path, int]]:
+    """(rank, path, size) of the ranks' stacks files (`runtime.bootstrap`)."""
+    found = []
     for path in run_dir.ranks.glob("rank*.stacks.txt") if run_dir.ranks.is_dir() else ():
+        m = re.match(r"rank(\d+)\.", path.name)
         try:
-            if path.stat().st_size == 0:
-                path.unlink()
+            if m:
+                found.append((int(m.group(1)), path, path.stat().st_size))
         except OSError:
             pass
+    return found
+
+
+def drop_empty_stacks(run_dir: RunDir) -> None:
+    """Remove the ranks' stacks files that stayed empty (no fatal signal): call once every rank process ended."""
+    for _, path, size in _stacks_files(run_dir):
+        if size == 0:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _stacks(run_dir: RunDir) -> dict[int, str]:
     """Rank -> its stacks file relative to the run directory, for the ranks that wrote one."""
-    out = {}
-    for path in run_dir.ranks.glob("rank*.stacks.txt") if run_dir.ranks.is_dir() else ():
-        m = re.match(r"rank(\d+)\.", path.name)
-        try:
-            if m and path.stat().st_size > 0:
-                out[int(m.group(1))] = str(path.relative_to(run_dir.path))
-        except OSError:
-            pass
-    return out
+    return {rank: str(path.relative_to(run_dir.path)) for rank, path, size in _stacks_files(run_dir) if size}
 
 
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in ')
@@ -291,8 +295,10 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def _where_ranks_were(run_dir: RunDir, stacks: dict[int, str]) -> dict[int, str]:
     """Rank -> its training thread's line in the script ("train.py:57"), for the ranks whose stacks show it."""
+    from .runinfo import read_run_info  # it imports this module
+
     try:
-        script = json.loads(run_dir.run_json.read_text()).get("script")
+        script = read_run_info(run_dir).get("script")
     except (OSError, ValueError, AttributeError):
         return {}
     where = {}
