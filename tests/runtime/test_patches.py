@@ -437,10 +437,13 @@ def test_a_one_bucket_steps_all_reduce_is_all_exposed_on_the_host_clock():
     data = {"backward_comm_time_start": 1_000_000_000, "backward_comm_time_end": 1_006_000_000,
             "backward_compute_time_end": 1_005_100_000}
     one = {**data, "num_buckets_reduced": 1}
-    assert _ddp_exposed(one, 1.0, 1.006, on_cuda=False) == pytest.approx(0.006)  # nothing computes under one bucket
-    assert _ddp_exposed({**data, "num_buckets_reduced": 3}, 1.0, 1.006, on_cuda=False) == pytest.approx(0.0009)
-    assert _ddp_exposed(one, 1.0, 1.006, on_cuda=True) == pytest.approx(0.0009)  # CUDA events: no host launch in them
-    assert _ddp_exposed({"num_buckets_reduced": 2}, 1.0, 1.006, on_cuda=False) == 0.0  # no compute end: unknown
+    assert _ddp_exposed(one, 1.0, 1.006, 0.0, on_cuda=False) == pytest.approx(0.006)  # nothing computes under one bucket
+    assert _ddp_exposed({**data, "num_buckets_reduced": 3}, 1.0, 1.006, 0.0, on_cuda=False) == pytest.approx(0.0009)
+    assert _ddp_exposed(one, 1.0, 1.006, 0.0, on_cuda=True) == pytest.approx(0.0009)  # CUDA events: no host launch in them
+    assert _ddp_exposed({"num_buckets_reduced": 2}, 1.0, 1.006, 0.0, on_cuda=False) == 0.0  # no compute end: unknown
+    # The realtime clock 2 s ahead of ours: the record's times are on our clock, the compute end is moved onto it.
+    many = {**data, "num_buckets_reduced": 3}
+    assert _ddp_exposed(many, -1.0, -0.994, 2.0, on_cuda=False) == pytest.approx(0.0009)
 
 
 # The checkpoint probes in a fresh process (they wrap torch.save process-wide): real torch.save, distributed

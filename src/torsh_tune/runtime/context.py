@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from ..config import DistEnv, RunConfig
 from ..profiler import RecordWriter, SharedFields, StepTracker, SystemSampler, now, open_nvml_device
-from ..profiler._clock import offset as _clock_offset
+from ..profiler._clock import offset as _clock_offset, realtime_minus_now
 from ..profiler._compiling import flags, traced
 from ..profiler.traces import TraceWindows
 from ..rundir import RunDir, write_json_atomic
@@ -366,6 +366,7 @@ class RankRuntime:
         if not read or (self.on_cuda and not (n <= 12 or n % 100 <= 2)):
             return records, exposed, False
         timed = True
+        shift = realtime_minus_now()  # DDP's timers read the realtime clock: onto ours, as it stands now
         for model, info in builtin:
             data = _ddp_timers(model)
             start, end = data.get("backward_comm_time_start"), data.get("backward_comm_time_end")
@@ -380,8 +381,8 @@ class RankRuntime:
             model._torsh_last_comm = (start, end)
             if model is builtin[0][0] and data.get("iteration"):
                 self.tracker.ddp_offset = int(data["iteration"]) - step
-            t_issue, t_complete = start / 1e9, end / 1e9
-            exposed = max(exposed, _ddp_exposed(data, t_issue, t_complete, on_cuda=self.on_cuda))
+            t_issue, t_complete = start / 1e9 - shift, end / 1e9 - shift
+            exposed = max(exposed, _ddp_exposed(data, t_issue, t_complete, shift, on_cuda=self.on_cuda))
             records.append(self._ddp_record(model, info, step, seq + len(records), t_issue, t_complete))
         return records, max(0.0, exposed), timed
 
@@ -404,15 +405,16 @@ class RankRuntime:
         """A step of the probed DDP model (`_sync_ddp`) that all-reduced after each of `syncs` micro-batches."""
         model, info = self._sync_ddp
         windows = []
+        shift = realtime_minus_now()
         for data in snapshots:
             start, end = data.get("backward_comm_time_start"), data.get("backward_comm_time_end")
             if start and end and (start, end) != model.__dict__.get("_torsh_last_comm"):
                 model._torsh_last_comm = (start, end)
-                windows.append((data, start / 1e9, end / 1e9))
+                windows.append((data, start / 1e9 - shift, end / 1e9 - shift))
         if len(windows) < syncs:  # an iteration DDP did not collect: the step's communication is unknown
             return [], 0.0, False
         records = [self._ddp_record(model, info, step, seq + i, t0, t1) for i, (_, t0, t1) in enumerate(windows)]
-        exposed = sum(_ddp_exposed(data, t0, t1, on_cuda=self.on_cuda) for data, t0, t1 in windows)
+        exposed = sum(_ddp_exposed(data, t0, t1, shift, on_cuda=self.on_cuda) for data, t0, t1 in windows)
         return records, max(0.0, exposed), True
 
     def ddp_sample_rate_for(self, done: int) -> None:
@@ -592,8 +594,11 @@ def _broadcast_buffers(model: Any) -> dict[str, Any]:
             "largest_buffers": [{"name": n, "bytes": b, "running_stats": r} for n, b, r in largest]}
 
 
-def _ddp_exposed(data: dict[str, int], t_issue: float, t_complete: float, *, on_cuda: bool) -> float:
+def _ddp_exposed(data: dict[str, int], t_issue: float, t_complete: float, shift: float, *, on_cuda: bool) -> float:
     """The exposed part (s) of a step's builtin all-reduce, from DDP's timers: from its compute end to the end.
+
+    `t_issue` and `t_complete` are on our clock already; DDP's realtime timers are moved onto it by `shift`
+    (`realtime_minus_now()`).
 
     With one bucket on the host clock, all of it: the bucket is launched once every gradient is ready, so
     nothing computes under it, and DDP records its compute end in a callback after the launch returned: a
@@ -604,11 +609,12 @@ def _ddp_exposed(data: dict[str, int], t_issue: float, t_complete: float, *, on_
     if not on_cuda and data.get("num_buckets_reduced") == 1:
         return t_complete - t_issue
     compute_end = data.get("backward_compute_time_end")
-    return t_complete - compute_end / 1e9 if compute_end else 0.0
+    return t_complete - (compute_end / 1e9 - shift) if compute_end else 0.0
 
 
 def _ddp_timers(model: Any) -> dict[str, int]:
-    """DDP's integer logging fields, its runtime timers among them (ns since the epoch).
+    """DDP's integer logging fields, its runtime timers among them (ns since the epoch, the realtime clock: CPU and
+    CUDA timers both stamp each event with `clock_gettime(CLOCK_REALTIME)` when it is recorded).
 
     `DistributedDataParallel._get_ddp_logging_data()` copies and merges the string fields too
     (bucket sizes, module name, ...): ~40 µs per step on a 2-core host against ~12 µs for the

@@ -1,0 +1,43 @@
+"""Our clock (perf_counter + an offset taken at import) against the realtime clock that DDP's reducer timers read."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from torsh_tune.profiler import _clock
+from torsh_tune.runtime.context import _ddp_timers
+
+
+def test_the_realtime_clock_is_read_against_ours_and_a_step_of_it_is_seen(monkeypatch):
+    assert abs(_clock.realtime_minus_now()) < 0.05  # taken at import: apart by how far realtime moved since
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3.0)  # the realtime clock stepped back 3 s
+    assert _clock.realtime_minus_now() == pytest.approx(-3.0, abs=0.05)
+
+
+def test_ddps_timers_land_in_the_backward_that_ran_them_when_our_clock_is_apart_from_realtime(monkeypatch):
+    # As if the realtime clock had been stepped back 2 s after this process took its offset: our clock runs 2 s ahead.
+    monkeypatch.setattr(_clock, "_OFFSET", _clock.offset() + 2.0)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)))
+        x = torch.randn(8, 64)
+        model(x).sum().backward()  # DDP's first iteration is not collected
+        model(x)
+        t0 = _clock.now()
+        model(x).sum().backward()
+        t1 = _clock.now()
+        model(x)  # DDP reports an iteration's timers at the next forward
+        data = _ddp_timers(model)
+        start, end = data["backward_comm_time_start"], data["backward_comm_time_end"]
+        shift = _clock.realtime_minus_now()
+        assert t0 <= start / 1e9 - shift <= end / 1e9 - shift <= t1
+        assert start / 1e9 < t0 - 1.0  # read as it is, the realtime timer lies 2 s before the backward on our clock
+    finally:
+        dist.destroy_process_group()
