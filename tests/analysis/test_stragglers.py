@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from torsh_tune.analysis import load_run, measured, straggler_stats
+import json
+
+from torsh_tune.analysis import analyze_run, load_run, measured, straggler_stats
 
 from .conftest import DATA
 
@@ -44,3 +46,50 @@ def test_healthy_run_has_no_consistent_large_lateness():
 def test_single_rank_has_no_stragglers():
     steps, comm = _measured("healthy")
     assert straggler_stats(steps[steps["rank"] == 0], comm[comm["rank"] == 0]) is None
+
+
+def _on_two_hosts(run_copy, offset_s: float):
+    """The straggler fixture's ranks 0-1 on one host and 2-3 on another whose clock is `offset_s` ahead."""
+    from .conftest import rewrite_jsonl
+
+    run = run_copy("straggler")
+    for rank in range(4):
+        path = run / "ranks" / f"rank{rank:05d}.meta.json"
+        meta = json.loads(path.read_text())
+        path.write_text(json.dumps({**meta, "hostname": "node-a" if rank < 2 else "node-b"}))
+        if rank < 2:
+            continue
+        for kind, fields in (("steps", ("t_start", "t_end")), ("comm", ("t_issue", "t_complete")), ("system", ("t",))):
+            rewrite_jsonl(run / "ranks" / f"rank{rank:05d}.{kind}.jsonl",
+                          lambda row, fields=fields: {**row, **{f: row[f] + offset_s for f in fields if f in row}})
+    return run
+
+
+@pytest.mark.parametrize("offset_s", [0.030, -0.060])
+def test_a_host_whose_clock_is_off_is_put_on_rank_0s_hosts_clock_and_the_straggler_is_still_found(run_copy, offset_s):
+    run = _on_two_hosts(run_copy, offset_s)
+    frames = load_run(run)
+    (clock,) = frames.host_clocks
+    assert clock["host"] == "node-b" and clock["reference"] == "node-a" and clock["applied"]
+    assert clock["offset_s"] == pytest.approx(offset_s, abs=0.001) and clock["collectives"] == 20
+    assert any(w.startswith("hosts' clocks: node-b is ") for w in frames.warnings)
+    steps, comm, _ = measured(frames.steps, frames.comm)
+    st = straggler_stats(steps, comm)
+    rows = {row["rank"]: row for row in st.per_rank}
+    # Read as recorded, node-b's arrivals would be `offset_s` late (or early): rank 2 at 80 ms, or ranks 0-1 last.
+    assert st.slowest_rank == 2 and st.last_share_pct == 100.0
+    assert rows[2]["lateness_s"] == pytest.approx(0.05, abs=0.004)
+    assert max(rows[r]["lateness_s"] for r in (0, 1, 3)) < 0.002
+    analysis = analyze_run(run)
+    assert analysis.host_clocks == frames.host_clocks and analysis.stragglers.slowest_rank == 2
+
+
+def test_one_host_and_hosts_whose_clocks_agree_are_left_as_they_are(run_copy):
+    assert load_run(DATA / "straggler").host_clocks == ()  # one hostname: one clock
+    frames = load_run(_on_two_hosts(run_copy, 0.0))
+    (clock,) = frames.host_clocks
+    # The fixture's ranks 1 and 3 complete 20 us after ranks 0 and 2 (an order, not a clock): not applied.
+    assert not clock["applied"] and abs(clock["offset_s"]) < 100e-6 and clock["collectives"] == 20
+    assert "within the noise, not applied" in " ".join(frames.warnings)
+    raw = load_run(DATA / "straggler")
+    assert frames.comm["t_issue"].tolist() == raw.comm["t_issue"].tolist()

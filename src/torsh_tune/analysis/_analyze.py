@@ -131,6 +131,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         advice=advice,
         alerts=alerts,
         self_check=self_checks,
+        host_clocks=frames.host_clocks,
     )
 
 

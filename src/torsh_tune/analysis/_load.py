@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from ..records import RECORD_KINDS, columns_of
 from ..rundir import RunDir, world_size_of
+from ._clocks import clock_note, host_clock_offsets, onto_one_clock
 
 __all__ = ["RunFrames", "compact_run", "load_run"]
 
@@ -48,6 +49,10 @@ class RunFrames:
     ranks: tuple[int, ...]  # ranks that wrote any file
     world_size: int
     warnings: tuple[str, ...] = field(default=())
+    # Ranks on several hosts: each other host's clock against rank 0's host's, from the completions of the
+    # collectives both hosts' ranks took part in (`_clocks.host_clock_offsets`); where `applied`, that host's
+    # times in `steps`, `comm` and `system` are on rank 0's host's clock. Empty with one host.
+    host_clocks: tuple[dict[str, Any], ...] = field(default=())
 
     def frame(self, kind: str) -> pd.DataFrame:
         """The DataFrame of record `kind` (steps, comm or system)."""
@@ -90,6 +95,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFrames:
     for r in ranks:
         if not (frames["steps"]["rank"] == r).any():
             warnings.append(f"rank {r} wrote no step records")
+    clocks = host_clock_offsets(frames["comm"], meta)
+    frames = onto_one_clock(frames, meta, clocks)
+    if (note := clock_note(clocks)) is not None:
+        warnings.append(note)
     return RunFrames(
         run_dir=str(rd.path),
         steps=frames["steps"],
@@ -102,6 +111,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFrames:
         ranks=tuple(sorted(seen)),
         world_size=world_size,
         warnings=tuple(warnings),
+        host_clocks=tuple(clocks),
     )
 
 

@@ -255,3 +255,5 @@ class RunAnalysis:
     alerts: tuple[Any, ...] = ()
     # Per deep-trace window, the always-on numbers checked against the trace's (`run_self_checks`).
     self_check: tuple[SelfCheck, ...] = ()
+    # Ranks on several hosts: each other host's clock against rank 0's host's (`RunFrames.host_clocks`).
+    host_clocks: tuple[dict[str, Any], ...] = ()

@@ -71,7 +71,9 @@ class ReportInfo(JsonDocument):
         breakdown: one row per phase (PHASES order): phase, time_s, pct.
         communication: the CommStats fields (per-rank dicts as lists of rows); None
             without communication records.
-        stragglers: slowest_rank, last_share_pct, lateness_pct, basis, per_rank rows.
+        stragglers: slowest_rank, last_share_pct, lateness_pct, basis, per_rank rows; with ranks on
+            several hosts, host_clocks rows (host, reference, offset_s, spread_s, collectives, applied:
+            each host's clock against rank 0's host's, from the collectives' completions).
         memory: device, capacity_bytes, peak_pct, per_rank rows (rank, peak_bytes).
         system: cpu_pct_mean, sys_cpu_pct_mean, gpu_util_pct_mean, gpu_power_w_mean.
         bottlenecks: category, severity, ranks, evidence, message; most severe first.
@@ -404,7 +406,10 @@ def _communication(a: RunAnalysis) -> dict[str, Any] | None:
 
 
 def _stragglers(a: RunAnalysis) -> dict[str, Any] | None:
-    return dataclasses.asdict(a.stragglers) if a.stragglers is not None else None
+    if a.stragglers is None:
+        return None
+    # Ranks on several hosts: the lateness is read on one clock, each host's offset (`analysis._clocks`) beside it.
+    return dataclasses.asdict(a.stragglers) | ({"host_clocks": list(a.host_clocks)} if a.host_clocks else {})
 
 
 def _memory(a: RunAnalysis) -> dict[str, Any] | None:

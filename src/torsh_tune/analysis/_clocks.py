@@ -1,0 +1,112 @@
+"""Hosts' clocks put on one: the offset of each host's clock, read from the collectives every host completed.
+
+Every record's times are Unix seconds on its own host's clock (`profiler/_clock.py`). Ranks on one host
+share that clock; ranks on different hosts compare times only as far as NTP or PTP keeps the hosts
+together: milliseconds off are common, and an arrival lateness read across hosts (stragglers, the rank
+heatmap) is then that offset. A synchronizing collective (an all-reduce, all-gather, reduce-scatter,
+all-to-all or barrier) completes on every rank at nearly the same moment, whoever arrived last: it
+cannot end anywhere before every rank has joined. So the median, over the collectives that ranks of two
+hosts both completed, of the difference of their completion times is the offset of the two hosts'
+clocks, and a late host does not move it (its issue is late, not its completion). Only host-clock
+records count (a device-clock record's completion sits on its step's device timeline). DDP's reducer
+windows count too (the records of a DDP run without a Python comm hook): each ends after its rank's copy
+back into the gradients, the same work on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SYNCHRONIZING", "host_clock_offsets", "onto_one_clock"]
+
+#: Collectives that complete on no rank before every rank of the group has joined.
+SYNCHRONIZING = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+                           "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                           "barrier", "monitored_barrier"})
+#: An offset is applied when at least this many collectives measured it, it exceeds this many seconds, and it
+#: stands out of its own spread (three standard errors, from the median absolute deviation). Below 0.25 ms the
+#: completions themselves differ by as much on one clock (a ring's last hop, a thread woken late), and an
+#: offset that small moves no straggler verdict.
+MIN_COLLECTIVES = 5
+MIN_OFFSET_S = 250e-6
+
+_TIME_COLUMNS = {"steps": ("t_start", "t_end"), "comm": ("t_issue", "t_complete", "t_start"),
+                 "system": ("t", "t_since")}
+
+
+def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per host other than rank 0's (or the lowest rank's): how far its clock is ahead of that host's.
+
+    Returns rows {host, reference, offset_s, spread_s, collectives, applied}; `offset_s` is the median
+    over collectives of (median completion on the host - median completion on the reference host),
+    `spread_s` its standard error (1.4826 x MAD / sqrt(n)). Empty with fewer than two hosts.
+    """
+    host_of = {int(r): str(m.get("hostname")) for r, m in meta.items() if m.get("hostname")}
+    hosts = sorted(set(host_of.values()))
+    if len(hosts) < 2 or comm.empty:
+        return []
+    reference = host_of[min(host_of)]
+    # Records from before the `clock` field were all host-clock ones.
+    df = comm[comm["collective"].isin(SYNCHRONIZING) & (comm["clock"].fillna("host") == "host")]
+    df = df[df["t_complete"].notna() & df["rank"].isin(host_of)]
+    done = df.assign(host=df["rank"].map(host_of)).pivot_table(index=["step", "seq"], columns="host",
+                                                                values="t_complete", aggfunc="median")
+    rows = []
+    for host in hosts:
+        if host == reference:
+            continue
+        if host not in done.columns or reference not in done.columns:
+            rows.append({"host": host, "reference": reference, "offset_s": None, "spread_s": None,
+                         "collectives": 0, "applied": False})
+            continue
+        diff = (done[host] - done[reference]).dropna().to_numpy(dtype=float)
+        n = len(diff)
+        offset = float(np.median(diff)) if n else None
+        spread = float(1.4826 * np.median(np.abs(diff - offset)) / np.sqrt(n)) if n else None
+        applied = (n >= MIN_COLLECTIVES and abs(offset) >= MIN_OFFSET_S and abs(offset) > 3 * spread)
+        rows.append({"host": host, "reference": reference, "offset_s": offset, "spread_s": spread,
+                     "collectives": n, "applied": bool(applied)})
+    return rows
+
+
+def onto_one_clock(frames: dict[str, pd.DataFrame], meta: dict[int, dict[str, Any]],
+                   offsets: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
+    """`frames` (kind -> DataFrame) with the times of every rank on a host whose offset is applied moved onto the
+    reference host's clock (copies; the others as they are)."""
+    shift = {o["host"]: o["offset_s"] for o in offsets if o["applied"]}
+    if not shift:
+        return frames
+    by_rank = {int(r): shift[str(m.get("hostname"))] for r, m in meta.items() if str(m.get("hostname")) in shift}
+    out = dict(frames)
+    for kind, columns in _TIME_COLUMNS.items():
+        df = frames.get(kind)
+        if df is None or df.empty:
+            continue
+        delta = df["rank"].map(by_rank).fillna(0.0).astype(float)
+        df = df.copy()
+        for col in columns:
+            if col in df.columns:
+                df[col] = df[col] - delta
+        out[kind] = df
+    return out
+
+
+def clock_note(offsets: list[dict[str, Any]]) -> str | None:
+    """One line on the hosts' clocks, for the run's notes; None with one host."""
+    if not offsets:
+        return None
+    parts = []
+    for o in offsets:
+        if o["offset_s"] is None:
+            parts.append(f"{o['host']}: no collective completed on both it and {o['reference']}, its clock is "
+                         "taken as it is")
+            continue
+        ms = o["offset_s"] * 1e3
+        what = (f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} "
+                f"(± {o['spread_s'] * 1e3:.3f} ms, median over {o['collectives']} collectives' completions)")
+        parts.append(what + ("; its times were moved onto " + o["reference"] + "'s clock" if o["applied"]
+                             else "; within the noise, not applied"))
+    return "hosts' clocks: " + "; ".join(parts)
