@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv browser postgres clean gpu-check
+.PHONY: demo test venv browser postgres faketime clean gpu-check
 
 $(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
@@ -45,6 +45,16 @@ postgres:
 	  else echo "not root or no apt-get: install Debian's postgresql to run the PostgreSQL study test"; fi; \
 	fi
 
+# Debian's libfaketime for the emulated cluster's clock skew (tests/launch/test_emulate.py runs two nodes whose
+# clocks disagree by 20 ms, and the analysis must put them on one).
+faketime:
+	@if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
+	      || echo "faketime could not be installed: the clock-skew test will be skipped"; \
+	  else echo "not root or no apt-get: install Debian's faketime to run the clock-skew test"; fi; \
+	fi
+
 # Bytecode first: where PYTHONDONTWRITEBYTECODE is set (this machine's shell sets it), every rank, CLI and
 # tuner process of the suite's ~250 launches would otherwise compile torsh-tune's sources again
 # (~60 ms per rank, ~50 ms per CLI: BENCHMARKS.md). Python still reads the files it did not write;
@@ -57,7 +67,7 @@ postgres:
 # parts always run; the exit status is the first failure's.
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q --timeout 600 --durations=15
-test: $(STAMP) browser postgres
+test: $(STAMP) browser postgres faketime
 	$(BIN)/python -m compileall -q src tests examples benchmarks >/dev/null 2>&1 || true
 	@status=0; \
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests || status=$$?; \

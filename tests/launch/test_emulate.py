@@ -19,6 +19,7 @@ from torsh_tune.config import BudgetConfig, ProfilerConfig, RunConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.launch import launch_run
 from torsh_tune.launch.emulate import (
+    faketime_library,
     NODE_IFNAME,
     EmulatedCluster,
     EmulateSpec,
@@ -66,7 +67,10 @@ def test_spec_parses_units_and_defaults() -> None:
     assert spec.latency_s == pytest.approx(0.02) and spec.burst_bytes == 64 << 10
     assert EmulateSpec.parse(spec.text()) == spec
     default = EmulateSpec.parse(SPEC)
-    assert default.link_gbps == LINK_GBPS and default.burst_bytes == 256 << 10
+    assert default.link_gbps == LINK_GBPS and default.burst_bytes == 256 << 10 and default.clock_skew_s == 0.0
+    skewed = EmulateSpec.parse(SPEC + ",clock_skew=20ms")
+    assert skewed.clock_skew_s == pytest.approx(0.02) and EmulateSpec.parse(skewed.text()).clock_skew_s == pytest.approx(0.02)
+    assert "node i's clock i x 20 ms ahead" in skewed.describe() and skewed.to_dict()["clock_skew_s"] == 0.02
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -75,7 +79,9 @@ def test_spec_parses_units_and_defaults() -> None:
     ("nodes=2,procs_per_node=0,link=1gbit", "--emulate procs_per_node must be an integer >= 1, but got 0"),
     ("nodes=2,procs_per_node=2,link=1gparsec", "--emulate link must be a rate > 0 such as 1gbit or 100mbit, but got '1gparsec'"),
     ("nodes=2,procs_per_node=2", "--emulate must be a spec with link"),
-    ("nodes=2,procs_per_node=2,link=1gbit,delay=1ms", "--emulate key must be one of nodes, procs_per_node, link, latency, burst, but got 'delay'"),
+    ("nodes=2,procs_per_node=2,link=1gbit,delay=1ms",
+     "--emulate key must be one of nodes, procs_per_node, link, latency, burst, clock_skew, but got 'delay'"),
+    ("nodes=2,procs_per_node=2,link=1gbit,clock_skew=11s", "--emulate clock_skew must be at most 10s, but got '11s'"),
     ("nodes=2,procs_per_node=2,link=1gbit,burst=1b", "--emulate burst must be >= 2kb"),
     ("nodes=2;procs_per_node=2", "--emulate must be comma-separated KEY=VALUE items"),
     ("nodes=300,procs_per_node=1,link=1gbit", "--emulate nodes must be an integer <= 254"),
@@ -269,10 +275,13 @@ def test_a_failing_node_stops_every_node(tmp_path: Path) -> None:
 
 
 @can_emulate
+@pytest.mark.skipif(faketime_library() is None, reason="needs Debian's faketime (libfaketime)")
 def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    done = run_cli("profile", "--emulate", SPEC, "--steps", "4", "--warmup-steps", "2", "--runs-dir", str(runs),
-                   "--run-name", "emu", str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512", timeout=120)
+    # Node 1's clock 20 ms ahead of node 0's: read as recorded, node 1's ranks would arrive 20 ms late at every step.
+    done = run_cli("profile", "--emulate", SPEC + ",clock_skew=20ms", "--steps", "10", "--warmup-steps", "2",
+                   "--runs-dir", str(runs), "--run-name", "emu", str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512",
+                   timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = runs / "emu"
     metas = [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("*meta.json"))]
@@ -286,6 +295,14 @@ def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     categories = {b["category"] for b in report["bottlenecks"]}
     assert categories & {"network", "communication"}, categories
     assert "emulated cluster: 2 nodes x 2 rank(s), 1 Gbit/s links" in done.stdout
+    # The analysis found node 1's clock from the all-reduces' completions and read the ranks on node 0's clock.
+    (clock,) = report["stragglers"]["host_clocks"]
+    assert (clock["host"], clock["reference"], clock["applied"]) == ("emulated-node1", "emulated-node0", True), clock
+    assert clock["offset_s"] == pytest.approx(0.020, abs=0.005), clock
+    # Read as recorded, node 1's ranks would arrive >= 16 ms after node 0's; on one clock they are apart by what
+    # 4 ranks sharing 2 cores (and libfaketime's own cost in node 1's clock reads) leave: 4.3 ms in one run.
+    late = {r["rank"]: r["lateness_s"] for r in report["stragglers"]["per_rank"]}
+    assert (late[2] + late[3]) / 2 - (late[0] + late[1]) / 2 < 0.012, report["stragglers"]
 
 
 @can_emulate

@@ -26,10 +26,11 @@ __all__ = ["SYNCHRONIZING", "host_clock_offsets", "onto_one_clock"]
 SYNCHRONIZING = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
                            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
                            "barrier", "monitored_barrier"})
-#: An offset is applied when at least this many collectives measured it, it exceeds this many seconds, and it
-#: stands out of its own spread (three standard errors, from the median absolute deviation). Below 0.25 ms the
-#: completions themselves differ by as much on one clock (a ring's last hop, a thread woken late), and an
-#: offset that small moves no straggler verdict.
+#: An offset is applied when at least this many collectives measured it, it exceeds this many seconds, it
+#: stands out of its own spread (three standard errors, from the median absolute deviation), and it exceeds
+#: how far the same collective's completions lie apart on one clock (the median over pairs of ranks on one
+#: host: a ring's last hop, a thread woken late, DDP's copy back; 3.5 ms with 4 ranks on 2 cores, where a
+#: 20 ms offset read 16.6-22.3 ms). Below 0.25 ms an offset moves no straggler verdict.
 MIN_COLLECTIVES = 5
 MIN_OFFSET_S = 250e-6
 
@@ -40,9 +41,11 @@ _TIME_COLUMNS = {"steps": ("t_start", "t_end"), "comm": ("t_issue", "t_complete"
 def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per host other than rank 0's (or the lowest rank's): how far its clock is ahead of that host's.
 
-    Returns rows {host, reference, offset_s, spread_s, collectives, applied}; `offset_s` is the median
-    over collectives of (median completion on the host - median completion on the reference host),
-    `spread_s` its standard error (1.4826 x MAD / sqrt(n)). Empty with fewer than two hosts.
+    Returns rows {host, reference, offset_s, spread_s, jitter_s, collectives, applied}; `offset_s` is the
+    median over collectives of (median completion on the host - median completion on the reference host),
+    `spread_s` its standard error (1.4826 x MAD / sqrt(n)), `jitter_s` the median distance between two
+    ranks' completions of one collective on one host (None with one rank per host). Empty with fewer than
+    two hosts.
     """
     host_of = {int(r): str(m.get("hostname")) for r, m in meta.items() if m.get("hostname")}
     hosts = sorted(set(host_of.values()))
@@ -54,22 +57,40 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
     df = df[df["t_complete"].notna() & df["rank"].isin(host_of)]
     done = df.assign(host=df["rank"].map(host_of)).pivot_table(index=["step", "seq"], columns="host",
                                                                 values="t_complete", aggfunc="median")
+    jitter = _one_clock_jitter(df, host_of)
     rows = []
     for host in hosts:
         if host == reference:
             continue
         if host not in done.columns or reference not in done.columns:
             rows.append({"host": host, "reference": reference, "offset_s": None, "spread_s": None,
-                         "collectives": 0, "applied": False})
+                         "jitter_s": jitter, "collectives": 0, "applied": False})
             continue
         diff = (done[host] - done[reference]).dropna().to_numpy(dtype=float)
         n = len(diff)
         offset = float(np.median(diff)) if n else None
         spread = float(1.4826 * np.median(np.abs(diff - offset)) / np.sqrt(n)) if n else None
-        applied = (n >= MIN_COLLECTIVES and abs(offset) >= MIN_OFFSET_S and abs(offset) > 3 * spread)
+        applied = (n >= MIN_COLLECTIVES and abs(offset) >= MIN_OFFSET_S and abs(offset) > 3 * spread
+                   and abs(offset) > (jitter or 0.0))
         rows.append({"host": host, "reference": reference, "offset_s": offset, "spread_s": spread,
-                     "collectives": n, "applied": bool(applied)})
+                     "jitter_s": jitter, "collectives": n, "applied": bool(applied)})
     return rows
+
+
+def _one_clock_jitter(df: pd.DataFrame, host_of: dict[int, str]) -> float | None:
+    """The median |difference| of two ranks' completions of one collective on one host (one clock); None when no
+    host has two ranks."""
+    gaps = []
+    for host in set(host_of.values()):
+        ranks = sorted(r for r, h in host_of.items() if h == host)
+        if len(ranks) < 2:
+            continue
+        done = df[df["rank"].isin(ranks)].pivot_table(index=["step", "seq"], columns="rank", values="t_complete")
+        cols = [r for r in ranks if r in done.columns]
+        for a, b in zip(cols, cols[1:]):
+            gaps.append((done[b] - done[a]).abs().dropna().to_numpy(dtype=float))
+    joined = np.concatenate(gaps) if gaps else np.array([])
+    return float(np.median(joined)) if joined.size else None
 
 
 def onto_one_clock(frames: dict[str, pd.DataFrame], meta: dict[int, dict[str, Any]],
@@ -105,8 +126,9 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
                          "taken as it is")
             continue
         ms = o["offset_s"] * 1e3
+        jitter = "" if o["jitter_s"] is None else f"; completions on one clock {o['jitter_s'] * 1e3:.3f} ms apart"
         what = (f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} "
-                f"(± {o['spread_s'] * 1e3:.3f} ms, median over {o['collectives']} collectives' completions)")
+                f"(± {o['spread_s'] * 1e3:.3f} ms, median over {o['collectives']} collectives' completions{jitter})")
         parts.append(what + ("; its times were moved onto " + o["reference"] + "'s clock" if o["applied"]
                              else "; within the noise, not applied"))
     return "hosts' clocks: " + "; ".join(parts)

@@ -54,6 +54,7 @@ __all__ = [
     "EmulatedCluster",
     "EmulationError",
     "check_can_emulate",
+    "faketime_library",
     "node_address",
     "node_hostname",
     "owned_namespaces",
@@ -97,7 +98,7 @@ def _count(key: str, text: str, minimum: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class EmulateSpec:
-    """What to emulate: `nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE]`.
+    """What to emulate: `nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE][,clock_skew=T]`.
 
     Attributes:
         nodes: Emulated nodes (network namespaces), 2..254.
@@ -106,6 +107,9 @@ class EmulateSpec:
         latency_s: tbf's `latency`: the longest a packet may wait in the shaper before it is
             dropped (this sets the queue size; it is not a propagation delay: tbf adds none).
         burst_bytes: tbf's bucket size: bytes that may leave at line rate after an idle period.
+        clock_skew_s: Node i's clocks run i x this ahead of node 0's, as hosts' clocks that NTP keeps only
+            so close do (libfaketime, Debian's `faketime`, preloaded into the node's processes). 0: one
+            clock, the host's.
     """
 
     nodes: int
@@ -113,10 +117,11 @@ class EmulateSpec:
     link_bps: float
     latency_s: float = 0.05
     burst_bytes: int = 256 << 10
+    clock_skew_s: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> EmulateSpec:
-        """Parse `nodes=2,procs_per_node=2,link=1gbit,latency=50ms,burst=256kb`.
+        """Parse `nodes=2,procs_per_node=2,link=1gbit,latency=50ms,burst=256kb,clock_skew=5ms`.
 
         Example:
             >>> EmulateSpec.parse("nodes=2,procs_per_node=2,link=1gbit").link_gbps
@@ -126,11 +131,12 @@ class EmulateSpec:
         for item in (part.strip() for part in text.split(",")):
             key, sep, value = item.partition("=")
             if not sep or not key.strip() or not value.strip() or "=" in value:
-                raise invalid("--emulate", "comma-separated KEY=VALUE items (nodes, procs_per_node, link, latency, burst)",
+                raise invalid("--emulate", "comma-separated KEY=VALUE items (nodes, procs_per_node, link, latency, burst, "
+                              "clock_skew)",
                               text)
             key = key.strip()
-            if key not in ("nodes", "procs_per_node", "link", "latency", "burst"):
-                raise invalid("--emulate key", "one of nodes, procs_per_node, link, latency, burst", key)
+            if key not in ("nodes", "procs_per_node", "link", "latency", "burst", "clock_skew"):
+                raise invalid("--emulate key", "one of nodes, procs_per_node, link, latency, burst, clock_skew", key)
             if key in fields:
                 raise invalid(f"--emulate {key}", "given once", text)
             fields[key] = value.strip()
@@ -154,6 +160,11 @@ class EmulateSpec:
             if burst < 2048:
                 raise invalid("--emulate burst", ">= 2kb (a full-size packet must fit the bucket)", fields["burst"])
             spec = replace(spec, burst_bytes=burst)
+        if "clock_skew" in fields:
+            skew = _quantity("clock_skew", fields["clock_skew"], _TIME_UNITS, "a time > 0 such as 5ms")
+            if skew > 10.0:
+                raise invalid("--emulate clock_skew", "at most 10s", fields["clock_skew"])
+            spec = replace(spec, clock_skew_s=skew)
         return spec
 
     @property
@@ -169,17 +180,20 @@ class EmulateSpec:
     def text(self) -> str:
         """The canonical spec string (what ENV_EMULATED carries)."""
         return (f"nodes={self.nodes},procs_per_node={self.procs_per_node},link={self.link_bps:.0f}bit,"
-                f"latency={self.latency_s * 1e6:.0f}us,burst={self.burst_bytes}b")
+                f"latency={self.latency_s * 1e6:.0f}us,burst={self.burst_bytes}b"
+                + (f",clock_skew={self.clock_skew_s * 1e6:.0f}us" if self.clock_skew_s else ""))
 
     def describe(self) -> str:
         """E.g. "2 nodes x 2 rank(s), 1 Gbit/s links (emulated: veth + tc tbf)"."""
         return (f"{self.nodes} nodes x {self.procs_per_node} rank(s), {self.link_gbps:g} Gbit/s links "
-                f"(emulated: veth + tc tbf, queue {self.latency_s * 1e3:g} ms, burst {self.burst_bytes >> 10} KiB)")
+                f"(emulated: veth + tc tbf, queue {self.latency_s * 1e3:g} ms, burst {self.burst_bytes >> 10} KiB"
+                + (f"; node i's clock i x {self.clock_skew_s * 1e3:g} ms ahead" if self.clock_skew_s else "") + ")")
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "link_gbps": self.link_gbps,
                 "latency_s": round(self.latency_s, 9), "burst_bytes": self.burst_bytes, "spec": self.text(),
-                "shaping": "tc tbf on both ends of every veth"}
+                "shaping": "tc tbf on both ends of every veth"} | (
+                    {"clock_skew_s": self.clock_skew_s, "clock": "libfaketime: node i's clocks i x clock_skew_s ahead"} if self.clock_skew_s else {})
 
 
 def node_address(node: int) -> str:
@@ -239,6 +253,13 @@ def remove_stale_namespaces() -> list[str]:
     return stale
 
 
+def faketime_library() -> str | None:
+    """Debian's libfaketime (package `faketime`), which `clock_skew` preloads; None when it is not installed."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1")) + sorted(
+        Path("/usr/lib/faketime").glob("libfaketime.so.1"))
+    return str(found[0]) if found else None
+
+
 def check_can_emulate() -> None:
     """Raise `EmulationError` (one line) unless this process is root and has `ip` and `tc`."""
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
@@ -290,6 +311,9 @@ class EmulatedCluster:
 
     def __enter__(self) -> EmulatedCluster:
         check_can_emulate()
+        if self.spec.clock_skew_s and faketime_library() is None:
+            raise EmulationError("--emulate clock_skew needs libfaketime (Debian's package faketime), but "
+                                 "libfaketime.so.1 is not installed")
         if any(pid == self.owner_pid for pid in owned_namespaces().values()):
             raise EmulationError(f"one emulated cluster per process, but {self.prefix}* namespaces already exist")
         self.stale_removed = remove_stale_namespaces()
@@ -376,8 +400,9 @@ class EmulatedCluster:
     # -- runs ---------------------------------------------------------------------------------------------
     def launcher_template(self) -> str:
         """The `launch.launcher` that fans a torchrun command out to the nodes."""
+        skew = ["--clock-skew-s", repr(self.spec.clock_skew_s)] if self.spec.clock_skew_s else []
         return shlex.join([sys.executable, "-m", AGENTS_MODULE, "--prefix", self.prefix,
-                           "--nodes", str(self.spec.nodes), "--"]) + " {cmd}"
+                           "--nodes", str(self.spec.nodes), *skew, "--"]) + " {cmd}"
 
     def configure(self, config: RunConfig) -> RunConfig:
         """`config` launched on this cluster: nodes, ranks per node, c10d rendezvous on node 0, the fan-out
