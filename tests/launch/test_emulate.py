@@ -69,7 +69,8 @@ def test_spec_parses_units_and_defaults() -> None:
     default = EmulateSpec.parse(SPEC)
     assert default.link_gbps == LINK_GBPS and default.burst_bytes == 256 << 10 and default.clock_skew_s == 0.0
     skewed = EmulateSpec.parse(SPEC + ",clock_skew=20ms")
-    assert skewed.clock_skew_s == pytest.approx(0.02) and EmulateSpec.parse(skewed.text()).clock_skew_s == pytest.approx(0.02)
+    assert skewed.clock_skew_s == pytest.approx(0.02)
+    assert EmulateSpec.parse(skewed.text()).clock_skew_s == pytest.approx(0.02)
     assert "node i's clock i x 20 ms ahead" in skewed.describe() and skewed.to_dict()["clock_skew_s"] == 0.02
 
 

@@ -129,6 +129,10 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
         jitter = "" if o["jitter_s"] is None else f"; completions on one clock {o['jitter_s'] * 1e3:.3f} ms apart"
         what = (f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} "
                 f"(± {o['spread_s'] * 1e3:.3f} ms, median over {o['collectives']} collectives' completions{jitter})")
-        parts.append(what + ("; its times were moved onto " + o["reference"] + "'s clock" if o["applied"]
-                             else "; within the noise, not applied"))
+        if o["applied"]:
+            parts.append(f"{what}; its times were moved onto {o['reference']}'s clock")
+        elif o["collectives"] < MIN_COLLECTIVES:
+            parts.append(f"{what}; too few collectives to tell, not applied")
+        else:
+            parts.append(f"{what}; within the noise, not applied")
     return "hosts' clocks: " + "; ".join(parts)

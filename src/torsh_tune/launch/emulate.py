@@ -131,9 +131,8 @@ class EmulateSpec:
         for item in (part.strip() for part in text.split(",")):
             key, sep, value = item.partition("=")
             if not sep or not key.strip() or not value.strip() or "=" in value:
-                raise invalid("--emulate", "comma-separated KEY=VALUE items (nodes, procs_per_node, link, latency, burst, "
-                              "clock_skew)",
-                              text)
+                raise invalid("--emulate", "comma-separated KEY=VALUE items (nodes, procs_per_node, link, latency, "
+                              "burst, clock_skew)", text)
             key = key.strip()
             if key not in ("nodes", "procs_per_node", "link", "latency", "burst", "clock_skew"):
                 raise invalid("--emulate key", "one of nodes, procs_per_node, link, latency, burst, clock_skew", key)
@@ -192,8 +191,9 @@ class EmulateSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "link_gbps": self.link_gbps,
                 "latency_s": round(self.latency_s, 9), "burst_bytes": self.burst_bytes, "spec": self.text(),
-                "shaping": "tc tbf on both ends of every veth"} | (
-                    {"clock_skew_s": self.clock_skew_s, "clock": "libfaketime: node i's clocks i x clock_skew_s ahead"} if self.clock_skew_s else {})
+                "shaping": "tc tbf on both ends of every veth"} | ({
+                    "clock_skew_s": self.clock_skew_s, "clock": "libfaketime: node i's clocks i x clock_skew_s ahead",
+                } if self.clock_skew_s else {})
 
 
 def node_address(node: int) -> str:
