@@ -37,6 +37,26 @@ def test_frames_match_load_run_and_grow_incrementally(runs_dir):
     assert len(store.frames("straggler").steps[lambda d: d["rank"] == 1]) == 1
 
 
+def test_a_second_hosts_clock_is_put_on_rank_0s_hosts_as_load_run_does(runs_dir):
+    run = add_run(runs_dir, "straggler")
+    for rank in range(4):  # ranks 2-3 on a second host whose clock runs 30 ms ahead
+        path = run / "ranks" / f"rank{rank:05d}.meta.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "hostname": "a" if rank < 2 else "b"}))
+        if rank < 2:
+            continue
+        for kind, fields in (("steps", ("t_start", "t_end")), ("comm", ("t_issue", "t_complete"))):
+            path = run / "ranks" / f"rank{rank:05d}.{kind}.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps({**r, **{f: r[f] + 0.030 for f in fields if f in r}}) + "\n"
+                                    for r in rows))
+    ours, ref = RunStore(runs_dir).frames("straggler"), load_run(run)
+    (clock,) = ours.host_clocks
+    assert clock["applied"] and clock["offset_s"] == pytest.approx(0.030, abs=0.001) and ours.host_clocks == ref.host_clocks
+    for kind in ("steps", "comm"):
+        pd.testing.assert_frame_equal(ours.frame(kind).reset_index(drop=True), ref.frame(kind), check_dtype=False)
+    assert any(w.startswith("hosts' clocks: b is 30.") for w in ours.warnings)
+
+
 def test_statuses_and_rows(runs_dir):
     add_run(runs_dir, "healthy")
     add_run(runs_dir, "data_bound", "live", status="running")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["SYNCHRONIZING", "host_clock_offsets", "onto_one_clock"]
+__all__ = ["SYNCHRONIZING", "clock_note", "host_clock_offsets", "on_one_clock", "onto_one_clock"]
 
 #: Collectives that complete on no rank before every rank of the group has joined.
 SYNCHRONIZING = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -136,3 +136,11 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
         else:
             parts.append(f"{what}; within the noise, not applied")
     return "hosts' clocks: " + "; ".join(parts)
+
+
+def on_one_clock(frames: dict[str, pd.DataFrame], meta: dict[int, dict[str, Any]]
+                 ) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]], str | None]:
+    """(frames on rank 0's host's clock, the hosts' offsets, the note on them): what `load_run` and the dashboard's
+    incremental frames both do with a run's records."""
+    offsets = host_clock_offsets(frames["comm"], meta)
+    return onto_one_clock(frames, meta, offsets), offsets, clock_note(offsets)

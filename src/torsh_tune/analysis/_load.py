@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from ..records import RECORD_KINDS, columns_of
 from ..rundir import RunDir, world_size_of
-from ._clocks import clock_note, host_clock_offsets, onto_one_clock
+from ._clocks import on_one_clock
 
 __all__ = ["RunFrames", "compact_run", "load_run"]
 
@@ -95,9 +95,8 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunFrames:
     for r in ranks:
         if not (frames["steps"]["rank"] == r).any():
             warnings.append(f"rank {r} wrote no step records")
-    clocks = host_clock_offsets(frames["comm"], meta)
-    frames = onto_one_clock(frames, meta, clocks)
-    if (note := clock_note(clocks)) is not None:
+    frames, clocks, note = on_one_clock(frames, meta)
+    if note is not None:
         warnings.append(note)
     return RunFrames(
         run_dir=str(rd.path),

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from ..analysis import RunAnalysis, RunFrames, analyze_run
+from ..analysis import RunAnalysis, RunFrames, analyze_run, on_one_clock
 from ..records import RECORD_KINDS, columns_of
 from ..reports import TuningInfo, get_tuning_info
 from ..rundir import RunDir, StudyDir, is_study_dir, world_size_of
@@ -509,6 +509,7 @@ class RunStore:
         info = self._doc(cache, rd.run_json) or {}
         config = self._doc(cache, rd.config_json) or {}
         seen = ranks_seen | set(int(r) for r in kinds["steps"]["rank"].unique())
+        kinds, clocks, note = on_one_clock(kinds, meta)  # ranks on several hosts: rank 0's host's clock, as load_run
         cache.frames = RunFrames(
             run_dir=str(cache.path),
             steps=kinds["steps"],
@@ -520,7 +521,8 @@ class RunStore:
             config=config,
             ranks=tuple(sorted(seen)),
             world_size=world_size_of(seen, meta, info, config),
-            warnings=tuple(warnings + [w for t in cache.tails.values() for w in t.warnings]),
+            warnings=tuple(warnings + [w for t in cache.tails.values() for w in t.warnings] + ([note] if note else [])),
+            host_clocks=tuple(clocks),
         )
         cache.signature = sig
 
