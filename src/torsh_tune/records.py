@@ -7,6 +7,7 @@ profiler (which imports torch). One JSON object per line; timestamps are Unix se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "SystemRecord",
     "WAIT_ANNOTATION",
     "columns_of",
+    "ranges_text",
 ]
 
 # Inside a trace window the phase probes annotate their phases as PREFIX + forward / backward /
@@ -188,3 +190,15 @@ RECORD_KINDS: dict[str, type] = {"steps": StepRecord, "comm": CommRecord, "syste
 def columns_of(kind: str) -> list[str]:
     """Column names of the DataFrame built from records of `kind` (steps, comm, system)."""
     return [f.name for f in fields(RECORD_KINDS[kind])]
+
+
+def ranges_text(values: Iterable[int]) -> str:
+    """Rank or step numbers as messages and reports name them: "3, 5-7" (sorted, runs of consecutive numbers
+    joined)."""
+    runs: list[list[int]] = []
+    for v in sorted(values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -55,21 +55,23 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
     # Records from before the `clock` field were all host-clock ones.
     df = comm[comm["collective"].isin(SYNCHRONIZING) & (comm["clock"].fillna("host") == "host")]
     df = df[df["t_complete"].notna() & df["rank"].isin(host_of)]
-    done = df.assign(host=df["rank"].map(host_of)).pivot_table(index=["step", "seq"], columns="host",
-                                                                values="t_complete", aggfunc="median")
-    jitter = _one_clock_jitter(df, host_of)
+    # collective (step, seq) x rank: its completion on that rank; per host, the median over the host's ranks
+    done = df.pivot_table(index=["step", "seq"], columns="rank", values="t_complete")
+    by_host = done.T.groupby(lambda r: host_of[r]).median().T
+    jitter = _one_clock_jitter(done, host_of)
     rows = []
     for host in hosts:
         if host == reference:
             continue
-        if host not in done.columns or reference not in done.columns:
+        diff = (by_host[host] - by_host[reference]).dropna().to_numpy(dtype=float) if {
+            host, reference} <= set(by_host.columns) else np.array([])
+        n = len(diff)
+        if not n:
             rows.append({"host": host, "reference": reference, "offset_s": None, "spread_s": None,
                          "jitter_s": jitter, "collectives": 0, "applied": False})
             continue
-        diff = (done[host] - done[reference]).dropna().to_numpy(dtype=float)
-        n = len(diff)
-        offset = float(np.median(diff)) if n else None
-        spread = float(1.4826 * np.median(np.abs(diff - offset)) / np.sqrt(n)) if n else None
+        offset = float(np.median(diff))
+        spread = float(1.4826 * np.median(np.abs(diff - offset)) / np.sqrt(n))
         applied = (n >= MIN_COLLECTIVES and abs(offset) >= MIN_OFFSET_S and abs(offset) > 3 * spread
                    and abs(offset) > (jitter or 0.0))
         rows.append({"host": host, "reference": reference, "offset_s": offset, "spread_s": spread,
@@ -77,18 +79,14 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
     return rows
 
 
-def _one_clock_jitter(df: pd.DataFrame, host_of: dict[int, str]) -> float | None:
-    """The median |difference| of two ranks' completions of one collective on one host (one clock); None when no
-    host has two ranks."""
-    gaps = []
-    for host in set(host_of.values()):
-        ranks = sorted(r for r, h in host_of.items() if h == host)
-        if len(ranks) < 2:
-            continue
-        done = df[df["rank"].isin(ranks)].pivot_table(index=["step", "seq"], columns="rank", values="t_complete")
-        cols = [r for r in ranks if r in done.columns]
-        for a, b in zip(cols, cols[1:]):
-            gaps.append((done[b] - done[a]).abs().dropna().to_numpy(dtype=float))
+def _one_clock_jitter(done: pd.DataFrame, host_of: dict[int, str]) -> float | None:
+    """The median |difference| of two ranks' completions of one collective on one host (one clock), from `done`
+    (collective x rank); None when no host has two ranks that completed one."""
+    on_host: dict[str, list[int]] = {}
+    for rank in sorted(done.columns):
+        on_host.setdefault(host_of[rank], []).append(rank)
+    gaps = [(done[b] - done[a]).abs().dropna().to_numpy(dtype=float)
+            for ranks in on_host.values() for a, b in zip(ranks, ranks[1:])]
     joined = np.concatenate(gaps) if gaps else np.array([])
     return float(np.median(joined)) if joined.size else None
 

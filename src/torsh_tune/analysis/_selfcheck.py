@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import ThresholdsConfig
+from ..records import ranges_text
 from ..rundir import RunDir
 from ._steps import comm_timed, phase_frame
 from ._types import SELF_CHECK_METRICS, SelfCheck
@@ -173,14 +174,14 @@ def self_check(steps: pd.DataFrame, trace: Any, *, window: str, window_steps: tu
         missing = sorted(set(compared) - set(records["step"].tolist()))
         if missing:
             warnings.append(f"self-check of trace window {window}: rank {rank} has no step records for "
-                            f"step(s) {_ranges(missing)}: its always-on numbers leave them out, the trace's "
+                            f"step(s) {ranges_text(missing)}: its always-on numbers leave them out, the trace's "
                             "shares do not")
             compared = [s for s in compared if s not in missing]
         timed = comm_timed(records)
         if len(timed) < len(records):
             untimed = sorted(set(records["step"].tolist()) - set(timed["step"].tolist()))
             warnings.append(f"self-check of trace window {window}: rank {rank}'s DDP all-reduce was not timed in "
-                            f"step(s) {_ranges(untimed)} (its timers are sampled): its always-on numbers leave "
+                            f"step(s) {ranges_text(untimed)} (its timers are sampled): its always-on numbers leave "
                             "them out, the trace's shares do not")
             records, compared = timed, [s for s in compared if s not in untimed]
         elif "comm_timed" in records and records["comm_timed"].eq(False).any():
@@ -544,13 +545,3 @@ def _ms(seconds: float) -> str:
     """Milliseconds with 3 significant digits ("15.0 ms", "118 ms")."""
     ms = 1e3 * seconds
     return f"{ms:.0f} ms" if abs(ms) >= 99.95 else f"{ms:.1f} ms" if abs(ms) >= 9.995 else f"{ms:.2f} ms"
-
-
-def _ranges(values: list[int]) -> str:
-    """Sorted step numbers as "3, 5-7"."""
-    out, start = [], values[0]
-    for prev, cur in zip(values, [*values[1:], None]):
-        if cur is None or cur != prev + 1:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ", ".join(out)

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..records import ranges_text
 from ..rundir import RunDir
 
 __all__ = ["RUN_STATUSES", "RunOutcome", "TorchrunFailure", "classify_run", "drop_empty_stacks",
@@ -283,14 +284,7 @@ def _script_line(dump: str, script: str) -> str | None:
 
 def _ranks_text(ranks: list[int]) -> str:
     """"rank 3", "ranks 0, 2-5"."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return f"rank {text}" if len(ranks) == 1 else f"ranks {text}"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges_text(ranks)}"
 
 
 def _where_ranks_were(run_dir: RunDir, stacks: dict[int, str]) -> dict[int, str]:
