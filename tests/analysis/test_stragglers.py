@@ -4,7 +4,10 @@ import pytest
 
 import json
 
+import pandas as pd
+
 from torsh_tune.analysis import analyze_run, load_run, measured, straggler_stats
+from torsh_tune.analysis._clocks import host_clock_offsets
 
 from .conftest import DATA
 
@@ -48,15 +51,18 @@ def test_single_rank_has_no_stragglers():
     assert straggler_stats(steps[steps["rank"] == 0], comm[comm["rank"] == 0]) is None
 
 
-def _on_two_hosts(run_copy, offset_s: float):
-    """The straggler fixture's ranks 0-1 on one host and 2-3 on another whose clock is `offset_s` ahead."""
+def _on_two_hosts(run_copy, offset_s: float, exchanged: dict | None = None):
+    """The straggler fixture's ranks 0-1 on one host and 2-3 on another whose clock is `offset_s` ahead;
+    `exchanged`: rank 2's start-up exchange with rank 0 (`meta["clock_sync"]`), none without it."""
     from .conftest import rewrite_jsonl
 
     run = run_copy("straggler")
     for rank in range(4):
         path = run / "ranks" / f"rank{rank:05d}.meta.json"
-        meta = json.loads(path.read_text())
-        path.write_text(json.dumps({**meta, "hostname": "node-a" if rank < 2 else "node-b"}))
+        meta = {**json.loads(path.read_text()), "hostname": "node-a" if rank < 2 else "node-b"}
+        if rank == 2 and exchanged is not None:
+            meta["clock_sync"] = {"reference_rank": 0, "rounds": 16, **exchanged}
+        path.write_text(json.dumps(meta))
         if rank < 2:
             continue
         for kind, fields in (("steps", ("t_start", "t_end")), ("comm", ("t_issue", "t_complete")), ("system", ("t",))):
@@ -93,3 +99,46 @@ def test_one_host_and_hosts_whose_clocks_agree_are_left_as_they_are(run_copy):
     assert "within the noise, not applied" in " ".join(frames.warnings)
     raw = load_run(DATA / "straggler")
     assert frames.comm["t_issue"].tolist() == raw.comm["t_issue"].tolist()
+
+
+def test_the_start_up_exchange_is_the_offset_used_and_the_collectives_check_it(run_copy):
+    # Rank 2's exchange read 30.05 ms (within 0.1 ms); the collectives' completions read 30 ms: they agree.
+    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.03005, "rtt_s": 0.0002}))
+    (clock,) = frames.host_clocks
+    assert (clock["source"], clock["offset_s"], clock["applied"], clock["disagree"]) == ("exchange", 0.03005, True, False)
+    assert clock["collectives_offset_s"] == pytest.approx(0.030, abs=0.001) and clock["exchange_rtt_s"] == 0.0002
+    note = next(w for w in frames.warnings if w.startswith("hosts' clocks: "))
+    assert "start-up exchange with rank 0 30.050 ms, within ± 0.100 ms" in note and "20 collectives'" in note
+    raw = load_run(DATA / "straggler")
+    node_b = frames.comm["rank"] >= 2
+    # node-b's times moved by the exchange's 30.05 ms: 0.05 ms before where the fixture had them
+    assert (frames.comm.loc[node_b, "t_complete"] - raw.comm.loc[node_b, "t_complete"]).to_numpy() == pytest.approx(-5e-5, abs=1e-6)
+
+
+def test_a_clock_that_moved_after_the_exchange_is_read_from_the_collectives(run_copy):
+    # The exchange found the hosts together at start-up; the run's completions say node-b is 30 ms ahead.
+    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.0, "rtt_s": 0.0002}))
+    (clock,) = frames.host_clocks
+    assert (clock["source"], clock["applied"], clock["disagree"], clock["exchange_offset_s"]) == ("collectives", True, True, 0.0)
+    assert clock["offset_s"] == pytest.approx(0.030, abs=0.001)
+    assert "the two disagree (the clock drifted or was stepped after start-up)" in " ".join(frames.warnings)
+    steps, comm, _ = measured(frames.steps, frames.comm)
+    assert straggler_stats(steps, comm).slowest_rank == 2
+
+
+def test_without_host_clock_collectives_the_exchange_alone_puts_the_hosts_on_one_clock():
+    # NCCL across hosts: every record on the device clock, no completion to compare; the exchange remains.
+    meta = {0: {"hostname": "a"}, 1: {"hostname": "a"}, 2: {"hostname": "b", "clock_sync": {"ahead_s": -0.004, "rtt_s": 5e-5}},
+            3: {"hostname": "b"}}
+    comm = pd.DataFrame({"rank": [0, 2], "step": [0, 0], "seq": [0, 0], "collective": ["all_reduce"] * 2,
+                         "clock": ["device"] * 2, "t_complete": [1.0, 1.004]})
+    (row,) = host_clock_offsets(comm, meta)
+    assert (row["source"], row["offset_s"], row["applied"], row["collectives"]) == ("exchange", -0.004, True, 0)
+    # An exchange within its own round trip's bound says nothing about the sign: not applied.
+    meta[2]["clock_sync"] = {"ahead_s": 0.0003, "rtt_s": 0.001}
+    (row,) = host_clock_offsets(comm, meta)
+    assert (row["source"], row["applied"]) == ("exchange", False)
+    # Rank 0 unknown (its meta lost): the exchange's reference is not the lowest rank's host, so it is not used.
+    del meta[0], meta[1]
+    meta[4] = {"hostname": "c"}
+    assert all(r["source"] is None and r["offset_s"] is None for r in host_clock_offsets(comm, meta))

@@ -296,10 +296,16 @@ def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     categories = {b["category"] for b in report["bottlenecks"]}
     assert categories & {"network", "communication"}, categories
     assert "emulated cluster: 2 nodes x 2 rank(s), 1 Gbit/s links" in done.stdout
-    # The analysis found node 1's clock from the all-reduces' completions and read the ranks on node 0's clock.
+    # Node 1's leader measured its clock against rank 0's at start-up (ping-pong over the emulated link), the
+    # analysis checked that against the all-reduces' completions and read the ranks on node 0's clock.
+    (sync,) = [m["clock_sync"] for m in metas if m["rank"] == 2]
+    assert sync["ahead_s"] == pytest.approx(0.020, abs=sync["rtt_s"] / 2 + 1e-4) and sync["rtt_s"] < 0.005, sync
+    assert metas[0]["clock_sync"] == {"answered": [1], "failed": {}}
+    assert not any("clock_sync" in m for m in metas if m["local_rank"] != 0)
     (clock,) = report["stragglers"]["host_clocks"]
     assert (clock["host"], clock["reference"], clock["applied"]) == ("emulated-node1", "emulated-node0", True), clock
-    assert clock["offset_s"] == pytest.approx(0.020, abs=0.005), clock
+    assert (clock["source"], clock["offset_s"], clock["disagree"]) == ("exchange", sync["ahead_s"], False), clock
+    assert clock["collectives_offset_s"] == pytest.approx(0.020, abs=0.005), clock
     # Read as recorded, node 1's ranks would arrive >= 16 ms after node 0's; on one clock they are apart by what
     # 4 ranks sharing 2 cores (and libfaketime's own cost in node 1's clock reads) leave: 4.3 ms in one run.
     late = {r["rank"]: r["lateness_s"] for r in report["stragglers"]["per_rank"]}

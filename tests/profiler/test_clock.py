@@ -41,3 +41,30 @@ def test_ddps_timers_land_in_the_backward_that_ran_them_when_our_clock_is_apart_
         assert start / 1e9 < t0 - 1.0  # read as it is, the realtime timer lies 2 s before the backward on our clock
     finally:
         dist.destroy_process_group()
+
+
+def _exchange_rank(rank: int, port: int, ahead: float, results) -> None:  # noqa: ANN001 - a spawned process
+    from datetime import timedelta
+
+    # Rank 1 plays a second host whose clock runs `ahead` of rank 0's (both read `now()`).
+    _clock._OFFSET += ahead if rank == 1 else 0.0
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=30))
+    results[rank] = _clock.exchange_with_rank0(store, rank, 2, timeout_s=20.0)
+
+
+def test_the_start_up_exchange_reads_a_second_hosts_clock_against_rank_0s():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_exchange_rank, args=(port, 0.030, results), nprocs=2, join=True)
+    assert results[0] == {"answered": [1], "failed": {}}
+    sync = results[1]
+    assert sync["reference_rank"] == 0 and sync["rounds"] == _clock.EXCHANGE_ROUNDS
+    assert 0 < sync["rtt_s"] < 0.05
+    # NTP's bound: off by at most half the best round trip, whatever the two directions took
+    assert abs(sync["ahead_s"] - 0.030) <= sync["rtt_s"] / 2 + 1e-6

@@ -11,6 +11,13 @@ clocks, and a late host does not move it (its issue is late, not its completion)
 records count (a device-clock record's completion sits on its step's device timeline). DDP's reducer
 windows count too (the records of a DDP run without a Python comm hook): each ends after its rank's copy
 back into the gradients, the same work on every rank.
+
+A multi-host run also measured each host's clock against rank 0's at start-up (`meta["clock_sync"]`,
+`profiler._clock.exchange_with_rank0`: NTP's ping-pong, off by at most half its best round trip). That
+is the offset used where it is known; the collectives check it over the whole run (a clock that drifts
+or is stepped after start-up shows as a disagreement, and the collectives' offset is used then) and
+stand alone where no exchange was made. On NCCL, whose records are on the device clock, the exchange is
+the only estimate.
 """
 
 from __future__ import annotations
@@ -41,24 +48,22 @@ _TIME_COLUMNS = {"steps": ("t_start", "t_end"), "comm": ("t_issue", "t_complete"
 def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per host other than rank 0's (or the lowest rank's): how far its clock is ahead of that host's.
 
-    Returns rows {host, reference, offset_s, spread_s, jitter_s, collectives, applied}; `offset_s` is the
-    median over collectives of (median completion on the host - median completion on the reference host),
-    `spread_s` its standard error (1.4826 x MAD / sqrt(n)), `jitter_s` the median distance between two
-    ranks' completions of one collective on one host (None with one rank per host). Empty with fewer than
-    two hosts.
+    Returns rows {host, reference, offset_s, source, applied, exchange_offset_s, exchange_rtt_s,
+    collectives_offset_s, spread_s, jitter_s, collectives, disagree}. From the collectives:
+    `collectives_offset_s` is the median over collectives of (median completion on the host - median
+    completion on the reference host), `spread_s` its standard error (1.4826 x MAD / sqrt(n)), `jitter_s`
+    the median distance between two ranks' completions of one collective on one host (None with one rank
+    per host). From the start-up exchange with rank 0 (`exchange_*`, None without one). `offset_s` is the
+    one used (`source`: "exchange" or "collectives"; None: neither), `disagree` whether the two differ by
+    more than their errors (the collectives' is then used). Empty with fewer than two hosts.
     """
     host_of = {int(r): str(m.get("hostname")) for r, m in meta.items() if m.get("hostname")}
     hosts = sorted(set(host_of.values()))
-    if len(hosts) < 2 or comm.empty:
+    if len(hosts) < 2:
         return []
     reference = host_of[min(host_of)]
-    # Records from before the `clock` field were all host-clock ones.
-    df = comm[comm["collective"].isin(SYNCHRONIZING) & (comm["clock"].fillna("host") == "host")]
-    df = df[df["t_complete"].notna() & df["rank"].isin(host_of)]
-    # collective (step, seq) x rank: its completion on that rank; per host, the median over the host's ranks
-    done = df.pivot_table(index=["step", "seq"], columns="rank", values="t_complete")
-    by_host = done.T.groupby(lambda r: host_of[r]).median().T
-    jitter = _one_clock_jitter(done, host_of)
+    exchanged = _exchanged(meta, host_of) if host_of.get(0) == reference else {}
+    by_host, jitter = _completions_by_host(comm, host_of)
     rows = []
     for host in hosts:
         if host == reference:
@@ -66,17 +71,57 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
         diff = (by_host[host] - by_host[reference]).dropna().to_numpy(dtype=float) if {
             host, reference} <= set(by_host.columns) else np.array([])
         n = len(diff)
-        if not n:
-            rows.append({"host": host, "reference": reference, "offset_s": None, "spread_s": None,
-                         "jitter_s": jitter, "collectives": 0, "applied": False})
-            continue
-        offset = float(np.median(diff))
-        spread = float(1.4826 * np.median(np.abs(diff - offset)) / np.sqrt(n))
-        applied = (n >= MIN_COLLECTIVES and abs(offset) >= MIN_OFFSET_S and abs(offset) > 3 * spread
-                   and abs(offset) > (jitter or 0.0))
-        rows.append({"host": host, "reference": reference, "offset_s": offset, "spread_s": spread,
-                     "jitter_s": jitter, "collectives": n, "applied": bool(applied)})
+        col = spread = None
+        col_ok = False
+        if n:
+            col = float(np.median(diff))
+            spread = float(1.4826 * np.median(np.abs(diff - col)) / np.sqrt(n))
+            col_ok = (n >= MIN_COLLECTIVES and abs(col) >= MIN_OFFSET_S and abs(col) > 3 * spread
+                      and abs(col) > (jitter or 0.0))
+        ex = exchanged.get(host)
+        row = {"host": host, "reference": reference, "offset_s": col, "source": "collectives" if n else None,
+               "applied": bool(col_ok), "exchange_offset_s": None, "exchange_rtt_s": None,
+               "collectives_offset_s": col, "spread_s": spread, "jitter_s": jitter, "collectives": n,
+               "disagree": False}
+        if ex is not None:
+            ahead, rtt = ex
+            row.update(exchange_offset_s=ahead, exchange_rtt_s=rtt)
+            # Both measure the same offset: apart by more than the exchange's bound, three standard errors
+            # and one clock's jitter, the clock moved after start-up (drift, a step) and the run's own
+            # completions are the better estimate for the run.
+            row["disagree"] = bool(col_ok and abs(col - ahead) > rtt / 2 + 3 * spread + (jitter or 0.0))
+            if not row["disagree"]:
+                row.update(offset_s=ahead, source="exchange",
+                           applied=bool(abs(ahead) >= MIN_OFFSET_S and abs(ahead) > rtt / 2))
+        rows.append(row)
     return rows
+
+
+def _exchanged(meta: dict[int, dict[str, Any]], host_of: dict[int, str]) -> dict[str, tuple[float, float]]:
+    """host -> (how far ahead of rank 0's host, round trip) from its ranks' start-up exchange (`meta["clock_sync"]`)."""
+    out: dict[str, tuple[float, float]] = {}
+    for rank, m in sorted(meta.items()):
+        sync = m.get("clock_sync")
+        if not isinstance(sync, dict) or int(rank) not in host_of:
+            continue
+        ahead, rtt = sync.get("ahead_s"), sync.get("rtt_s")
+        if isinstance(ahead, (int, float)) and isinstance(rtt, (int, float)) and np.isfinite([ahead, rtt]).all():
+            out.setdefault(host_of[int(rank)], (float(ahead), float(rtt)))
+    return out
+
+
+def _completions_by_host(comm: pd.DataFrame, host_of: dict[int, str]) -> tuple[pd.DataFrame, float | None]:
+    """(synchronizing collective x host: the median completion over the host's ranks, the one-clock jitter)."""
+    if comm.empty:
+        return pd.DataFrame(), None
+    # Records from before the `clock` field were all host-clock ones.
+    df = comm[comm["collective"].isin(SYNCHRONIZING) & (comm["clock"].fillna("host") == "host")]
+    df = df[df["t_complete"].notna() & df["rank"].isin(host_of)]
+    if df.empty:
+        return pd.DataFrame(), None
+    # collective (step, seq) x rank: its completion on that rank; per host, the median over the host's ranks
+    done = df.pivot_table(index=["step", "seq"], columns="rank", values="t_complete")
+    return done.T.groupby(lambda r: host_of[r]).median().T, _one_clock_jitter(done, host_of)
 
 
 def _one_clock_jitter(done: pd.DataFrame, host_of: dict[int, str]) -> float | None:
@@ -120,16 +165,26 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
     parts = []
     for o in offsets:
         if o["offset_s"] is None:
-            parts.append(f"{o['host']}: no collective completed on both it and {o['reference']}, its clock is "
-                         "taken as it is")
+            parts.append(f"{o['host']}: no collective completed on both it and {o['reference']} and no start-up "
+                         "exchange, its clock is taken as it is")
             continue
         ms = o["offset_s"] * 1e3
-        jitter = "" if o["jitter_s"] is None else f"; completions on one clock {o['jitter_s'] * 1e3:.3f} ms apart"
-        what = (f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} "
-                f"(± {o['spread_s'] * 1e3:.3f} ms, median over {o['collectives']} collectives' completions{jitter})")
+        evidence = []
+        if o["exchange_offset_s"] is not None:
+            evidence.append(f"start-up exchange with rank 0 {o['exchange_offset_s'] * 1e3:.3f} ms, within "
+                            f"± {o['exchange_rtt_s'] * 1e3 / 2:.3f} ms")
+        if o["collectives_offset_s"] is not None:
+            jitter = "" if o["jitter_s"] is None else f", completions on one clock {o['jitter_s'] * 1e3:.3f} ms apart"
+            evidence.append(f"median over {o['collectives']} collectives' completions "
+                            f"{o['collectives_offset_s'] * 1e3:.3f} ± {o['spread_s'] * 1e3:.3f} ms{jitter}")
+        what = f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} " \
+               f"({'; '.join(evidence)})"
+        if o["disagree"]:
+            what += ("; the two disagree (the clock drifted or was stepped after start-up): the collectives' "
+                     "offset is used")
         if o["applied"]:
             parts.append(f"{what}; its times were moved onto {o['reference']}'s clock")
-        elif o["collectives"] < MIN_COLLECTIVES:
+        elif o["source"] == "collectives" and o["collectives"] < MIN_COLLECTIVES:
             parts.append(f"{what}; too few collectives to tell, not applied")
         else:
             parts.append(f"{what}; within the noise, not applied")

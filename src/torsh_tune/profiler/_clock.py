@@ -4,12 +4,14 @@
 gives sub-microsecond deltas. The offset is taken once per process: later, the two clocks part
 whenever the system's realtime clock is stepped (NTP or PTP corrections, a VM resumed), and a
 time another component read from the realtime clock (DDP's reducer timers) is brought onto
-this one with `realtime_minus_now()` at the moment it is read.
+this one with `realtime_minus_now()` at the moment it is read. Hosts' clocks differ by what NTP or
+PTP leaves; `exchange_with_rank0` measures each host's against rank 0's at start-up.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 _OFFSET = time.time() - time.perf_counter()
 
@@ -40,3 +42,60 @@ def realtime_minus_now(tries: int = 3) -> float:
         if p1 - p0 < best_width:
             best_width, best = p1 - p0, r - ((p0 + p1) / 2 + _OFFSET)
     return best
+
+
+#: Round trips per host in the start-up exchange (`exchange_with_rank0`); the one with the least round trip wins.
+EXCHANGE_ROUNDS = 16
+
+
+def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, rounds: int = EXCHANGE_ROUNDS,
+                        timeout_s: float = 10.0) -> dict[str, Any]:
+    """How far this host's clock (`now()`) is ahead of rank 0's, by ping-pong with rank 0 (NTP's estimate).
+
+    Called by one rank per host (local rank 0) right after the process group is up: rank 0
+    (node 0) answers each other host in turn, `rounds` times, with its clock's reading as the
+    ping arrives; a host takes, from the round with the least round trip, the midpoint of its own
+    send and receive minus that reading. Its error is at most half that round trip, whatever the
+    two directions' delays. A two-rank gloo group per host pair, built on the job's store under a
+    key prefix of its own and never registered with c10d: no collective of the job's, no group
+    count, nothing a capture or a script sees.
+
+    Returns, on a host other than rank 0's, {"reference_rank": 0, "ahead_s", "rtt_s", "rounds"};
+    on rank 0, {"answered": [node ranks], "failed": {node rank: error}}. Raises what gloo raised
+    on a host other than rank 0's (its caller notes it).
+    """
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(1, dtype=torch.float64)
+
+    def pair(node: int, me: int) -> Any:
+        # Rank 0 answers the hosts in turn: a host waits for those before it too (each up to `timeout_s`).
+        timeout = timedelta(seconds=timeout_s * (1 if me == 0 else node))
+        return dist.ProcessGroupGloo(dist.PrefixStore(f"torsh_tune/clock/{node}", store), me, 2, timeout)
+
+    if node_rank == 0:
+        answered, failed = [], {}
+        for node in range(1, nnodes):
+            try:
+                pg = pair(node, 0)
+                for _ in range(rounds):
+                    pg.recv([buf], 1, 0).wait()
+                    buf[0] = now()
+                    pg.send([buf], 1, 0).wait()
+                answered.append(node)
+            except RuntimeError as exc:  # that host's leader never came or left: the next one is still answered
+                failed[node] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return {"answered": answered, "failed": failed}
+    pg = pair(node_rank, 1)
+    best_rtt, ahead = float("inf"), 0.0
+    for _ in range(rounds):
+        t1 = now()
+        pg.send([buf], 0, 0).wait()
+        pg.recv([buf], 0, 0).wait()
+        t4 = now()
+        if t4 - t1 < best_rtt:
+            best_rtt, ahead = t4 - t1, (t1 + t4) / 2 - float(buf[0])
+    return {"reference_rank": 0, "ahead_s": ahead, "rtt_s": best_rtt, "rounds": rounds}

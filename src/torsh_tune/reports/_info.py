@@ -72,8 +72,9 @@ class ReportInfo(JsonDocument):
         communication: the CommStats fields (per-rank dicts as lists of rows); None
             without communication records.
         stragglers: slowest_rank, last_share_pct, lateness_pct, basis, per_rank rows; with ranks on
-            several hosts, host_clocks rows (host, reference, offset_s, spread_s, collectives, applied:
-            each host's clock against rank 0's host's, from the collectives' completions).
+            several hosts, host_clocks rows (host, reference, offset_s, source, applied, exchange_offset_s,
+            exchange_rtt_s, collectives_offset_s, spread_s, jitter_s, collectives, disagree: each host's clock
+            against rank 0's host's, from the start-up exchange and the collectives' completions).
         memory: device, capacity_bytes, peak_pct, per_rank rows (rank, peak_bytes).
         system: cpu_pct_mean, sys_cpu_pct_mean, gpu_util_pct_mean, gpu_power_w_mean.
         bottlenecks: category, severity, ranks, evidence, message; most severe first.

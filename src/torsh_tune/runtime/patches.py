@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from ..errors import invalid
 from ..profiler import CollectiveCapture, TimedCommHook, default_allreduce, now
 from ..profiler.collectives import issuer_of
+from ..profiler._clock import exchange_with_rank0
 from ..profiler._clock import offset as clock_offset
 from ..profiler._compiling import flags, traced
 from ..profiler.traces import TraceWindows
@@ -88,11 +90,39 @@ def _patch_init_process_group(rt: "RankRuntime") -> None:
         result = original(backend, *args, **kwargs)
         rt.meta["backend"] = str(dist.get_backend())
         rt.meta["backend_requested"] = None if requested is None else str(requested)
+        _exchange_clocks(rt)
         rt.save_meta()
         return result
 
     c10d.init_process_group = init_process_group
     dist.init_process_group = init_process_group
+
+
+def _exchange_clocks(rt: "RankRuntime") -> None:
+    """Ranks on several hosts: each host's clock measured against rank 0's at start-up (`meta["clock_sync"]`).
+
+    One rank per host (local rank 0) takes part; the analysis puts the hosts on rank 0's clock with it
+    where the collectives cannot (device-clock records on NCCL) and checks it against them where they can.
+    """
+    env = rt.env
+    if rt.writer is None or env is None or env.local_rank != 0:
+        return
+    try:
+        nnodes = int(os.environ.get("GROUP_WORLD_SIZE") or env.nnodes)
+    except ValueError:
+        nnodes = env.nnodes
+    if nnodes < 2:
+        return
+    try:
+        rt.meta["clock_sync"] = exchange_with_rank0(c10d._get_default_store(), env.node_rank, nnodes)
+    except Exception as exc:  # noqa: BLE001 - the run goes on; its hosts' clocks are then read from the collectives only
+        rt.note(f"hosts' clocks: the start-up exchange with rank 0 failed ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''})")
+        return
+    failed = rt.meta["clock_sync"].get("failed")
+    if failed:
+        rt.note("hosts' clocks: the start-up exchange found no answer from node(s) "
+                f"{', '.join(str(n) for n in sorted(failed))} ({next(iter(failed.values()))})")
 
 
 # -- DistributedDataParallel -------------------------------------------------------------
