@@ -89,9 +89,9 @@ def _exists(path: Path) -> bool:
 
 
 _EMULATE_HELP = ("Run on an emulated multi-node cluster on this host (root, iproute2): SPEC is "
-                 "nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE][,clock_skew=T], e.g. "
+                 "nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE][,clock_skew=T][,clock_drift=PPM], e.g. "
                  "nodes=2,procs_per_node=2,link=1gbit. Nodes are network namespaces joined by veth links shaped with tc "
-                 "tbf; clock_skew runs node i's clocks i x T ahead (libfaketime); torn down on exit "
+                 "tbf; clock_skew runs node i's clocks i x T ahead, clock_drift i x PPM fast (libfaketime); torn down on exit "
                  "(docs/emulate.md).")
 #: Launch flags an emulated cluster sets itself.
 _EMULATE_SETS = ("nproc_per_node", "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "launcher")

@@ -4,6 +4,7 @@ import pytest
 
 import json
 
+import numpy as np
 import pandas as pd
 
 from torsh_tune.analysis import analyze_run, load_run, measured, straggler_stats
@@ -103,7 +104,7 @@ def test_one_host_and_hosts_whose_clocks_agree_are_left_as_they_are(run_copy):
 
 def test_the_start_up_exchange_is_the_offset_used_and_the_collectives_check_it(run_copy):
     # Rank 2's exchange read 30.05 ms (within 0.1 ms); the collectives' completions read 30 ms: they agree.
-    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.03005, "rtt_s": 0.0002}))
+    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.03005, "rtt_s": 0.0002, "t": 1.7e9}))
     (clock,) = frames.host_clocks
     assert (clock["source"], clock["offset_s"], clock["applied"], clock["disagree"]) == ("exchange", 0.03005, True, False)
     assert clock["collectives_offset_s"] == pytest.approx(0.030, abs=0.001) and clock["exchange_rtt_s"] == 0.0002
@@ -117,28 +118,62 @@ def test_the_start_up_exchange_is_the_offset_used_and_the_collectives_check_it(r
 
 def test_a_clock_that_moved_after_the_exchange_is_read_from_the_collectives(run_copy):
     # The exchange found the hosts together at start-up; the run's completions say node-b is 30 ms ahead.
-    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.0, "rtt_s": 0.0002}))
+    frames = load_run(_on_two_hosts(run_copy, 0.030, {"ahead_s": 0.0, "rtt_s": 0.0002, "t": 1.7e9}))
     (clock,) = frames.host_clocks
     assert (clock["source"], clock["applied"], clock["disagree"], clock["exchange_offset_s"]) == ("collectives", True, True, 0.0)
     assert clock["offset_s"] == pytest.approx(0.030, abs=0.001)
-    assert "the two disagree (the clock drifted or was stepped after start-up)" in " ".join(frames.warnings)
+    assert "the exchanges and the collectives disagree (the clock was stepped during the run)" in " ".join(frames.warnings)
     steps, comm, _ = measured(frames.steps, frames.comm)
     assert straggler_stats(steps, comm).slowest_rank == 2
 
 
 def test_without_host_clock_collectives_the_exchange_alone_puts_the_hosts_on_one_clock():
     # NCCL across hosts: every record on the device clock, no completion to compare; the exchange remains.
-    meta = {0: {"hostname": "a"}, 1: {"hostname": "a"}, 2: {"hostname": "b", "clock_sync": {"ahead_s": -0.004, "rtt_s": 5e-5}},
+    meta = {0: {"hostname": "a"}, 1: {"hostname": "a"},
+            2: {"hostname": "b", "clock_sync": {"ahead_s": -0.004, "rtt_s": 5e-5, "t": 1.7e9}},
             3: {"hostname": "b"}}
     comm = pd.DataFrame({"rank": [0, 2], "step": [0, 0], "seq": [0, 0], "collective": ["all_reduce"] * 2,
                          "clock": ["device"] * 2, "t_complete": [1.0, 1.004]})
     (row,) = host_clock_offsets(comm, meta)
     assert (row["source"], row["offset_s"], row["applied"], row["collectives"]) == ("exchange", -0.004, True, 0)
     # An exchange within its own round trip's bound says nothing about the sign: not applied.
-    meta[2]["clock_sync"] = {"ahead_s": 0.0003, "rtt_s": 0.001}
+    meta[2]["clock_sync"] = {"ahead_s": 0.0003, "rtt_s": 0.001, "t": 1.7e9}
     (row,) = host_clock_offsets(comm, meta)
     assert (row["source"], row["applied"]) == ("exchange", False)
     # Rank 0 unknown (its meta lost): the exchange's reference is not the lowest rank's host, so it is not used.
     del meta[0], meta[1]
     meta[4] = {"hostname": "c"}
     assert all(r["source"] is None and r["offset_s"] is None for r in host_clock_offsets(comm, meta))
+
+
+def test_a_clock_that_drifts_between_the_two_exchanges_is_followed_record_by_record(run_copy):
+    from .conftest import rewrite_jsonl
+
+    # node-b's clock gains 1 ms per second (1000 ppm): 30 ms ahead at the fixture's first record, more later.
+    run = _on_two_hosts(run_copy, 0.0)
+    raw = load_run(run)
+    t0, t1 = raw.steps["t_start"].min(), raw.steps["t_end"].max()
+    ahead = lambda t: 0.030 + 1e-3 * (t - t0)  # noqa: E731
+    for rank in (2, 3):
+        for kind, fields in (("steps", ("t_start", "t_end")), ("comm", ("t_issue", "t_complete")), ("system", ("t",))):
+            rewrite_jsonl(run / "ranks" / f"rank{rank:05d}.{kind}.jsonl",
+                          lambda row, fields=fields: {**row, **{f: row[f] + ahead(row[f]) for f in fields if f in row}})
+    path = run / "ranks" / "rank00002.meta.json"
+    meta = json.loads(path.read_text())
+    meta["clock_sync"] = {"reference_rank": 0, "ahead_s": ahead(t0 - 1), "rtt_s": 1e-4, "t": t0 - 1 + ahead(t0 - 1), "rounds": 16}
+    meta["clock_sync_end"] = {"reference_rank": 0, "ahead_s": ahead(t1 + 1), "rtt_s": 1e-4, "t": t1 + 1 + ahead(t1 + 1), "rounds": 16}
+    path.write_text(json.dumps(meta))
+    frames = load_run(run)
+    (clock,) = frames.host_clocks
+    assert (clock["source"], clock["applied"], clock["disagree"]) == ("exchange", True, False), clock
+    assert clock["drift_ppm"] == pytest.approx(1000, rel=0.01) and clock["offset_s"] == pytest.approx(0.029, abs=1e-5)
+    assert f"drifting {clock['drift_ppm']:+.1f} ppm, followed" in " ".join(frames.warnings)
+    # Every record of node-b back where the fixture had it, early and late in the run alike (to 1 us: the line's
+    # slope is taken on node-b's own clock).
+    for kind, col in (("steps", "t_end"), ("comm", "t_complete")):
+        moved, was = frames.__dict__[kind], raw.__dict__[kind]
+        node_b = moved["rank"] >= 2
+        assert np.abs(moved.loc[node_b, col].to_numpy() - was.loc[node_b, col].to_numpy()).max() < 1e-6
+    steps, comm, _ = measured(frames.steps, frames.comm)
+    rows = {row["rank"]: row for row in straggler_stats(steps, comm).per_rank}
+    assert rows[2]["lateness_s"] == pytest.approx(0.05, abs=0.004) and rows[3]["lateness_s"] < 0.002

@@ -72,6 +72,10 @@ def test_spec_parses_units_and_defaults() -> None:
     assert skewed.clock_skew_s == pytest.approx(0.02)
     assert EmulateSpec.parse(skewed.text()).clock_skew_s == pytest.approx(0.02)
     assert "node i's clock i x 20 ms ahead" in skewed.describe() and skewed.to_dict()["clock_skew_s"] == 0.02
+    drifting = EmulateSpec.parse(SPEC + ",clock_drift=1000ppm")
+    assert (drifting.clock_drift_ppm, drifting.clock_skew_s, drifting.fakes_clocks) == (1000.0, 0.0, True)
+    assert EmulateSpec.parse(drifting.text()).clock_drift_ppm == 1000.0 and "node i's clock i x 1000 ppm fast" in drifting.describe()
+    assert not default.fakes_clocks
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -81,7 +85,9 @@ def test_spec_parses_units_and_defaults() -> None:
     ("nodes=2,procs_per_node=2,link=1gparsec", "--emulate link must be a rate > 0 such as 1gbit or 100mbit, but got '1gparsec'"),
     ("nodes=2,procs_per_node=2", "--emulate must be a spec with link"),
     ("nodes=2,procs_per_node=2,link=1gbit,delay=1ms",
-     "--emulate key must be one of nodes, procs_per_node, link, latency, burst, clock_skew, but got 'delay'"),
+     "--emulate key must be one of nodes, procs_per_node, link, latency, burst, clock_skew, clock_drift, but got 'delay'"),
+    ("nodes=2,procs_per_node=2,link=1gbit,clock_drift=-5", "--emulate clock_drift must be parts per million > 0"),
+    ("nodes=2,procs_per_node=2,link=1gbit,clock_drift=fast", "--emulate clock_drift must be parts per million > 0"),
     ("nodes=2,procs_per_node=2,link=1gbit,clock_skew=11s", "--emulate clock_skew must be at most 10s, but got '11s'"),
     ("nodes=2,procs_per_node=2,link=1gbit,burst=1b", "--emulate burst must be >= 2kb"),
     ("nodes=2;procs_per_node=2", "--emulate must be comma-separated KEY=VALUE items"),
@@ -279,10 +285,11 @@ def test_a_failing_node_stops_every_node(tmp_path: Path) -> None:
 @pytest.mark.skipif(faketime_library() is None, reason="needs Debian's faketime (libfaketime)")
 def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    # Node 1's clock 20 ms ahead of node 0's: read as recorded, node 1's ranks would arrive 20 ms late at every step.
-    done = run_cli("profile", "--emulate", SPEC + ",clock_skew=20ms", "--steps", "10", "--warmup-steps", "2",
-                   "--runs-dir", str(runs), "--run-name", "emu", str(EXAMPLES / "ddp_mlp.py"), "--hidden", "512",
-                   timeout=120)
+    # Node 1's clock 20 ms ahead of node 0's and gaining 1 ms per second: read as recorded, node 1's ranks would
+    # arrive 20-40 ms late at every step.
+    done = run_cli("profile", "--emulate", SPEC + ",clock_skew=20ms,clock_drift=1000", "--steps", "10",
+                   "--warmup-steps", "2", "--runs-dir", str(runs), "--run-name", "emu", str(EXAMPLES / "ddp_mlp.py"),
+                   "--hidden", "512", timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = runs / "emu"
     metas = [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("*meta.json"))]
@@ -296,17 +303,22 @@ def test_profile_of_ddp_mlp_on_two_emulated_nodes(tmp_path: Path) -> None:
     categories = {b["category"] for b in report["bottlenecks"]}
     assert categories & {"network", "communication"}, categories
     assert "emulated cluster: 2 nodes x 2 rank(s), 1 Gbit/s links" in done.stdout
-    # Node 1's leader measured its clock against rank 0's at start-up (ping-pong over the emulated link), the
-    # analysis checked that against the all-reduces' completions and read the ranks on node 0's clock.
-    (sync,) = [m["clock_sync"] for m in metas if m["rank"] == 2]
-    assert sync["ahead_s"] == pytest.approx(0.020, abs=sync["rtt_s"] / 2 + 1e-4) and sync["rtt_s"] < 0.005, sync
-    assert metas[0]["clock_sync"] == {"answered": [1], "failed": {}}
+    # Node 1's leader measured its clock against rank 0's at start-up and again at the end (ping-pong over the
+    # emulated link): 20 ms plus the drift so far, and 1 ms more per second between the two.
+    (start, end) = [(m["clock_sync"], m["clock_sync_end"]) for m in metas if m["rank"] == 2][0]
+    assert 0.020 <= start["ahead_s"] < 0.080 and max(start["rtt_s"], end["rtt_s"]) < 0.005, (start, end)
+    gained = (end["ahead_s"] - start["ahead_s"]) / (end["t"] - start["t"])
+    assert gained == pytest.approx(1e-3, abs=(start["rtt_s"] + end["rtt_s"]) / (end["t"] - start["t"]) + 1e-5)
+    assert metas[0]["clock_sync"] == metas[0]["clock_sync_end"] == {"answered": [1], "failed": {}}
     assert not any("clock_sync" in m for m in metas if m["local_rank"] != 0)
+    # The analysis followed the line through them, checked it against the all-reduces' completions and read the
+    # ranks on node 0's clock.
     (clock,) = report["stragglers"]["host_clocks"]
     assert (clock["host"], clock["reference"], clock["applied"]) == ("emulated-node1", "emulated-node0", True), clock
-    assert (clock["source"], clock["offset_s"], clock["disagree"]) == ("exchange", sync["ahead_s"], False), clock
-    assert clock["collectives_offset_s"] == pytest.approx(0.020, abs=0.005), clock
-    # Read as recorded, node 1's ranks would arrive >= 16 ms after node 0's; on one clock they are apart by what
+    assert (clock["source"], clock["offset_s"], clock["disagree"]) == ("exchange", start["ahead_s"], False), clock
+    assert clock["drift_ppm"] == pytest.approx(gained * 1e6)
+    assert start["ahead_s"] - 0.005 < clock["collectives_offset_s"] < end["ahead_s"] + 0.005, clock
+    # Read as recorded, node 1's ranks would arrive >= 20 ms after node 0's; on one clock they are apart by what
     # 4 ranks sharing 2 cores (and libfaketime's own cost in node 1's clock reads) leave: 4.3 ms in one run.
     late = {r["rank"]: r["lateness_s"] for r in report["stragglers"]["per_rank"]}
     assert (late[2] + late[3]) / 2 - (late[0] + late[1]) / 2 < 0.012, report["stragglers"]

@@ -64,7 +64,18 @@ def test_the_start_up_exchange_reads_a_second_hosts_clock_against_rank_0s():
     mp.spawn(_exchange_rank, args=(port, 0.030, results), nprocs=2, join=True)
     assert results[0] == {"answered": [1], "failed": {}}
     sync = results[1]
-    assert sync["reference_rank"] == 0 and sync["rounds"] == _clock.EXCHANGE_ROUNDS
+    assert sync["reference_rank"] == 0 and sync["rounds"] == _clock.EXCHANGE_ROUNDS and sync["t"] > 1.7e9
     assert 0 < sync["rtt_s"] < 0.05
     # NTP's bound: off by at most half the best round trip, whatever the two directions took
     assert abs(sync["ahead_s"] - 0.030) <= sync["rtt_s"] / 2 + 1e-6
+
+
+def test_rank_0_gives_up_on_hosts_that_never_answer_and_says_which():
+    from datetime import timedelta
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=1))
+    t0 = time.monotonic()
+    result = _clock.exchange_with_rank0(store, 0, 3, timeout_s=1.0)
+    assert result["answered"] == [] and sorted(result["failed"]) == [1, 2]
+    assert time.monotonic() - t0 < 5  # the first silence ends the exchange: node 2 is not waited for too

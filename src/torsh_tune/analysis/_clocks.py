@@ -13,11 +13,13 @@ windows count too (the records of a DDP run without a Python comm hook): each en
 back into the gradients, the same work on every rank.
 
 A multi-host run also measured each host's clock against rank 0's at start-up (`meta["clock_sync"]`,
-`profiler._clock.exchange_with_rank0`: NTP's ping-pong, off by at most half its best round trip). That
-is the offset used where it is known; the collectives check it over the whole run (a clock that drifts
-or is stepped after start-up shows as a disagreement, and the collectives' offset is used then) and
-stand alone where no exchange was made. On NCCL, whose records are on the device clock, the exchange is
-the only estimate.
+`profiler._clock.exchange_with_rank0`: NTP's ping-pong, off by at most half its best round trip) and
+again as the default group was destroyed (`meta["clock_sync_end"]`). That is the offset used where it
+is known: a line through the two exchanges where they differ by more than their bounds (the clocks
+drifted apart; each record is moved by the line's value at its time), else the one with the shorter
+round trip. The collectives check it over the whole run (a clock stepped in between shows as a
+disagreement, and the collectives' offset is used then) and stand alone where no exchange was made.
+On NCCL, whose records are on the device clock, the exchanges are the only estimate.
 """
 
 from __future__ import annotations
@@ -48,14 +50,17 @@ _TIME_COLUMNS = {"steps": ("t_start", "t_end"), "comm": ("t_issue", "t_complete"
 def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per host other than rank 0's (or the lowest rank's): how far its clock is ahead of that host's.
 
-    Returns rows {host, reference, offset_s, source, applied, exchange_offset_s, exchange_rtt_s,
-    collectives_offset_s, spread_s, jitter_s, collectives, disagree}. From the collectives:
-    `collectives_offset_s` is the median over collectives of (median completion on the host - median
-    completion on the reference host), `spread_s` its standard error (1.4826 x MAD / sqrt(n)), `jitter_s`
-    the median distance between two ranks' completions of one collective on one host (None with one rank
-    per host). From the start-up exchange with rank 0 (`exchange_*`, None without one). `offset_s` is the
-    one used (`source`: "exchange" or "collectives"; None: neither), `disagree` whether the two differ by
-    more than their errors (the collectives' is then used). Empty with fewer than two hosts.
+    Returns rows {host, reference, offset_s, t_offset, drift_ppm, source, applied, exchange_offset_s,
+    exchange_rtt_s, exchange_end_offset_s, exchange_end_rtt_s, collectives_offset_s, spread_s, jitter_s,
+    collectives, disagree}. From the collectives: `collectives_offset_s` is the median over collectives of
+    (median completion on the host - median completion on the reference host), `spread_s` its standard
+    error (1.4826 x MAD / sqrt(n)), `jitter_s` the median distance between two ranks' completions of one
+    collective on one host (None with one rank per host). From the exchanges with rank 0 at start-up and
+    at the end (`exchange_*`, None without them). `offset_s` is the one used (`source`: "exchange" or
+    "collectives"; None: neither): with `drift_ppm` (the exchanges' line; None: none seen) the offset at
+    the Unix time `t_offset`, moving by `drift_ppm` millionths of the time since. `disagree`: the exchanges
+    and the collectives differ by more than their errors (the collectives' offset is used then). Empty
+    with fewer than two hosts.
     """
     host_of = {int(r): str(m.get("hostname")) for r, m in meta.items() if m.get("hostname")}
     hosts = sorted(set(host_of.values()))
@@ -68,8 +73,8 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
     for host in hosts:
         if host == reference:
             continue
-        diff = (by_host[host] - by_host[reference]).dropna().to_numpy(dtype=float) if {
-            host, reference} <= set(by_host.columns) else np.array([])
+        both = by_host[[host, reference]].dropna() if {host, reference} <= set(by_host.columns) else by_host.iloc[0:0]
+        diff = (both[host] - both[reference]).to_numpy(dtype=float) if len(both) else np.array([])
         n = len(diff)
         col = spread = None
         col_ok = False
@@ -78,35 +83,68 @@ def host_clock_offsets(comm: pd.DataFrame, meta: dict[int, dict[str, Any]]) -> l
             spread = float(1.4826 * np.median(np.abs(diff - col)) / np.sqrt(n))
             col_ok = (n >= MIN_COLLECTIVES and abs(col) >= MIN_OFFSET_S and abs(col) > 3 * spread
                       and abs(col) > (jitter or 0.0))
-        ex = exchanged.get(host)
-        row = {"host": host, "reference": reference, "offset_s": col, "source": "collectives" if n else None,
-               "applied": bool(col_ok), "exchange_offset_s": None, "exchange_rtt_s": None,
+        row = {"host": host, "reference": reference, "offset_s": col, "t_offset": None, "drift_ppm": None,
+               "source": "collectives" if n else None, "applied": bool(col_ok), "exchange_offset_s": None,
+               "exchange_rtt_s": None, "exchange_end_offset_s": None, "exchange_end_rtt_s": None,
                "collectives_offset_s": col, "spread_s": spread, "jitter_s": jitter, "collectives": n,
                "disagree": False}
+        ex = exchanged.get(host)
         if ex is not None:
-            ahead, rtt = ex
-            row.update(exchange_offset_s=ahead, exchange_rtt_s=rtt)
-            # Both measure the same offset: apart by more than the exchange's bound, three standard errors
-            # and one clock's jitter, the clock moved after start-up (drift, a step) and the run's own
-            # completions are the better estimate for the run.
-            row["disagree"] = bool(col_ok and abs(col - ahead) > rtt / 2 + 3 * spread + (jitter or 0.0))
+            row.update(exchange_offset_s=ex["ahead_s"], exchange_rtt_s=ex["rtt_s"],
+                       exchange_end_offset_s=ex.get("end_ahead_s"), exchange_end_rtt_s=ex.get("end_rtt_s"))
+            offset, t_offset, drift, bound = _exchange_line(ex)
+            if col_ok:
+                # Both measure the same offset: apart by more than the exchanges' bound, three standard errors
+                # and one clock's jitter, the clock moved between (a step) and the run's own completions are the
+                # better estimate for the run. The line is read where the collectives were, mid-run.
+                mid = float(np.median(both[reference])) if drift else t_offset
+                at_mid = offset + (drift or 0.0) * (mid - t_offset)
+                row["disagree"] = bool(abs(col - at_mid) > bound + 3 * spread + (jitter or 0.0))
             if not row["disagree"]:
-                row.update(offset_s=ahead, source="exchange",
-                           applied=bool(abs(ahead) >= MIN_OFFSET_S and abs(ahead) > rtt / 2))
+                row.update(offset_s=offset, t_offset=t_offset, drift_ppm=None if drift is None else drift * 1e6,
+                           source="exchange",
+                           applied=bool(drift is not None or (abs(offset) >= MIN_OFFSET_S and abs(offset) > bound)))
         rows.append(row)
     return rows
 
 
-def _exchanged(meta: dict[int, dict[str, Any]], host_of: dict[int, str]) -> dict[str, tuple[float, float]]:
-    """host -> (how far ahead of rank 0's host, round trip) from its ranks' start-up exchange (`meta["clock_sync"]`)."""
-    out: dict[str, tuple[float, float]] = {}
+def _exchange_line(ex: dict[str, float]) -> tuple[float, float, float | None, float]:
+    """(offset at `t_offset`, t_offset, drift per second or None, error bound) from a host's exchanges.
+
+    Two exchanges apart by more than their bounds (half of each round trip) make a line; else the
+    one with the shorter round trip is the offset, constant.
+    """
+    a0, r0, t0 = ex["ahead_s"], ex["rtt_s"], ex["t"]
+    a1, r1, t1 = ex.get("end_ahead_s"), ex.get("end_rtt_s"), ex.get("end_t")
+    if a1 is None or r1 is None or t1 is None or not t1 > t0:
+        return a0, t0, None, r0 / 2
+    if abs(a1 - a0) > (r0 + r1) / 2:
+        return a0, t0, (a1 - a0) / (t1 - t0), max(r0, r1) / 2
+    return (a0, t0, None, r0 / 2) if r0 <= r1 else (a1, t1, None, r1 / 2)
+
+
+def _exchanged(meta: dict[int, dict[str, Any]], host_of: dict[int, str]) -> dict[str, dict[str, float]]:
+    """host -> {ahead_s, rtt_s, t[, end_ahead_s, end_rtt_s, end_t]}: its ranks' exchanges with rank 0 at start-up
+    and at the end (`meta["clock_sync"]`, `meta["clock_sync_end"]`)."""
+
+    def numbers(sync: Any) -> tuple[float, float, float] | None:
+        if not isinstance(sync, dict):
+            return None
+        values = (sync.get("ahead_s"), sync.get("rtt_s"), sync.get("t", 0.0))
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and np.isfinite(values).all():
+            return float(values[0]), float(values[1]), float(values[2])
+        return None
+
+    out: dict[str, dict[str, float]] = {}
     for rank, m in sorted(meta.items()):
-        sync = m.get("clock_sync")
-        if not isinstance(sync, dict) or int(rank) not in host_of:
+        start = numbers(m.get("clock_sync"))
+        if start is None or int(rank) not in host_of or host_of[int(rank)] in out:
             continue
-        ahead, rtt = sync.get("ahead_s"), sync.get("rtt_s")
-        if isinstance(ahead, (int, float)) and isinstance(rtt, (int, float)) and np.isfinite([ahead, rtt]).all():
-            out.setdefault(host_of[int(rank)], (float(ahead), float(rtt)))
+        row = dict(zip(("ahead_s", "rtt_s", "t"), start))
+        end = numbers(m.get("clock_sync_end"))
+        if end is not None:
+            row.update(zip(("end_ahead_s", "end_rtt_s", "end_t"), end))
+        out[host_of[int(rank)]] = row
     return out
 
 
@@ -139,21 +177,27 @@ def _one_clock_jitter(done: pd.DataFrame, host_of: dict[int, str]) -> float | No
 def onto_one_clock(frames: dict[str, pd.DataFrame], meta: dict[int, dict[str, Any]],
                    offsets: list[dict[str, Any]]) -> dict[str, pd.DataFrame]:
     """`frames` (kind -> DataFrame) with the times of every rank on a host whose offset is applied moved onto the
-    reference host's clock (copies; the others as they are)."""
-    shift = {o["host"]: o["offset_s"] for o in offsets if o["applied"]}
-    if not shift:
+    reference host's clock (copies; the others as they are). A drifting host's time moves by the offset at
+    that time."""
+    applied = {o["host"]: o for o in offsets if o["applied"]}
+    if not applied:
         return frames
-    by_rank = {int(r): shift[str(m.get("hostname"))] for r, m in meta.items() if str(m.get("hostname")) in shift}
+    of_rank = {int(r): applied[str(m.get("hostname"))] for r, m in meta.items() if str(m.get("hostname")) in applied}
     out = dict(frames)
     for kind, columns in _TIME_COLUMNS.items():
         df = frames.get(kind)
         if df is None or df.empty:
             continue
-        delta = df["rank"].map(by_rank).fillna(0.0).astype(float)
+        rank = df["rank"]
+        delta = rank.map({r: o["offset_s"] for r, o in of_rank.items()}).fillna(0.0).astype(float)
+        drift = rank.map({r: o["drift_ppm"] * 1e-6 for r, o in of_rank.items() if o["drift_ppm"]})
+        t_offset = rank.map({r: o["t_offset"] for r, o in of_rank.items() if o["drift_ppm"]})
+        drifting = drift.notna().any()
         df = df.copy()
         for col in columns:
             if col in df.columns:
-                df[col] = df[col] - delta
+                moved = delta + (drift * (df[col] - t_offset)).fillna(0.0) if drifting else delta
+                df[col] = df[col] - moved
         out[kind] = df
     return out
 
@@ -173,15 +217,21 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
         if o["exchange_offset_s"] is not None:
             evidence.append(f"start-up exchange with rank 0 {o['exchange_offset_s'] * 1e3:.3f} ms, within "
                             f"± {o['exchange_rtt_s'] * 1e3 / 2:.3f} ms")
+        if o["exchange_end_offset_s"] is not None:
+            evidence.append(f"at the end {o['exchange_end_offset_s'] * 1e3:.3f} ms, within "
+                            f"± {o['exchange_end_rtt_s'] * 1e3 / 2:.3f} ms")
+        if o["drift_ppm"] is not None:
+            evidence.append(f"drifting {o['drift_ppm']:+.1f} ppm, followed")
         if o["collectives_offset_s"] is not None:
             jitter = "" if o["jitter_s"] is None else f", completions on one clock {o['jitter_s'] * 1e3:.3f} ms apart"
             evidence.append(f"median over {o['collectives']} collectives' completions "
                             f"{o['collectives_offset_s'] * 1e3:.3f} ± {o['spread_s'] * 1e3:.3f} ms{jitter}")
-        what = f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']} " \
+        what = f"{o['host']} is {abs(ms):.3f} ms {'ahead of' if ms > 0 else 'behind'} {o['reference']}" \
+               f"{' at start-up' if o['drift_ppm'] is not None else ''} " \
                f"({'; '.join(evidence)})"
         if o["disagree"]:
-            what += ("; the two disagree (the clock drifted or was stepped after start-up): the collectives' "
-                     "offset is used")
+            what += ("; the exchanges and the collectives disagree (the clock was stepped during the run): the "
+                     "collectives' offset is used")
         if o["applied"]:
             parts.append(f"{what}; its times were moved onto {o['reference']}'s clock")
         elif o["source"] == "collectives" and o["collectives"] < MIN_COLLECTIVES:

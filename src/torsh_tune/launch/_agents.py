@@ -62,22 +62,23 @@ def _exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _node_env(node: int, clock_skew_s: float) -> dict[str, str] | None:
-    """Node `node`'s environment: with a clock skew, libfaketime preloaded to run its clocks node x clock_skew_s
-    ahead. The monotonic clock moves with the realtime one (libfaketime's default): with it left alone
+def _node_env(node: int, clock_skew_s: float, clock_drift_ppm: float = 0.0) -> dict[str, str] | None:
+    """Node `node`'s environment: with a clock skew or drift, libfaketime preloaded to run its clocks node x
+    clock_skew_s ahead and node x clock_drift_ppm fast (from each process's start). The monotonic clock moves with the realtime one (libfaketime's default): with it left alone
     (`FAKETIME_DONT_FAKE_MONOTONIC`) libfaketime 0.9.10 fails every `time.sleep` with EINVAL. Intervals on it
     stay true; only what a node's clocks read against another node's changes."""
-    if not clock_skew_s or node == 0:
+    if not (clock_skew_s or clock_drift_ppm) or node == 0:
         return None
     library = faketime_library()
     if library is None:
-        raise EmulationError("--emulate clock_skew needs libfaketime (Debian's package faketime)")
+        raise EmulationError("--emulate clock_skew and clock_drift need libfaketime (Debian's package faketime)")
     preload = " ".join(p for p in (library, os.environ.get("LD_PRELOAD", "")) if p)
-    return {**os.environ, "LD_PRELOAD": preload, "FAKETIME": f"+{node * clock_skew_s:.6f}"}
+    rate = f" x{1 + node * clock_drift_ppm * 1e-6:.9f}" if clock_drift_ppm else ""
+    return {**os.environ, "LD_PRELOAD": preload, "FAKETIME": f"+{node * clock_skew_s:.6f}{rate}"}
 
 
 def _run_agents(prefix: str, nodes: int, cmd: Sequence[str], *, grace_s: float = 10.0,
-                clock_skew_s: float = 0.0) -> int:
+                clock_skew_s: float = 0.0, clock_drift_ppm: float = 0.0) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     told: set[int] = set()  # agents already sent a stop: a second SIGTERM would cut torchrun's own shutdown short
 
@@ -92,7 +93,7 @@ def _run_agents(prefix: str, nodes: int, cmd: Sequence[str], *, grace_s: float =
     for i in range(nodes):
         node_cmd = _node_command(cmd, namespace=f"{prefix}n{i}", address=node_address(i), host=i == 0)
         procs.append(subprocess.Popen(node_cmd, stdin=subprocess.DEVNULL, preexec_fn=_agent_preexec(i),
-                                      env=_node_env(i, clock_skew_s)))
+                                      env=_node_env(i, clock_skew_s, clock_drift_ppm)))
     status = 0
     stop_at: float | None = None
     while any(p.poll() is None for p in procs):
@@ -122,12 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prefix", required=True, help="the cluster's namespace prefix (tt<owner pid>)")
     p.add_argument("--nodes", type=int, required=True, help="emulated nodes")
     p.add_argument("--clock-skew-s", type=float, default=0.0, help="node i's clocks i x this ahead (libfaketime)")
+    p.add_argument("--clock-drift-ppm", type=float, default=0.0, help="node i's clocks i x this fast (libfaketime)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the torchrun command")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("a torchrun command after -- is required")
-    return _run_agents(args.prefix, args.nodes, cmd, clock_skew_s=args.clock_skew_s)
+    return _run_agents(args.prefix, args.nodes, cmd, clock_skew_s=args.clock_skew_s, clock_drift_ppm=args.clock_drift_ppm)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def _count(key: str, text: str, minimum: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class EmulateSpec:
-    """What to emulate: `nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE][,clock_skew=T]`.
+    """What to emulate: `nodes=N,procs_per_node=P,link=RATE[,latency=T][,burst=SIZE][,clock_skew=T][,clock_drift=PPM]`.
 
     Attributes:
         nodes: Emulated nodes (network namespaces), 2..254.
@@ -110,6 +110,8 @@ class EmulateSpec:
         clock_skew_s: Node i's clocks run i x this ahead of node 0's, as hosts' clocks that NTP keeps only
             so close do (libfaketime, Debian's `faketime`, preloaded into the node's processes). 0: one
             clock, the host's.
+        clock_drift_ppm: Node i's clocks run i x this many parts per million fast (libfaketime's rate, from
+            each process's start), as a host's oscillator does that nothing disciplines. 0: none.
     """
 
     nodes: int
@@ -118,10 +120,11 @@ class EmulateSpec:
     latency_s: float = 0.05
     burst_bytes: int = 256 << 10
     clock_skew_s: float = 0.0
+    clock_drift_ppm: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> EmulateSpec:
-        """Parse `nodes=2,procs_per_node=2,link=1gbit,latency=50ms,burst=256kb,clock_skew=5ms`.
+        """Parse `nodes=2,procs_per_node=2,link=1gbit,latency=50ms,burst=256kb,clock_skew=5ms,clock_drift=100`.
 
         Example:
             >>> EmulateSpec.parse("nodes=2,procs_per_node=2,link=1gbit").link_gbps
@@ -132,10 +135,11 @@ class EmulateSpec:
             key, sep, value = item.partition("=")
             if not sep or not key.strip() or not value.strip() or "=" in value:
                 raise invalid("--emulate", "comma-separated KEY=VALUE items (nodes, procs_per_node, link, latency, "
-                              "burst, clock_skew)", text)
+                              "burst, clock_skew, clock_drift)", text)
             key = key.strip()
-            if key not in ("nodes", "procs_per_node", "link", "latency", "burst", "clock_skew"):
-                raise invalid("--emulate key", "one of nodes, procs_per_node, link, latency, burst, clock_skew", key)
+            if key not in ("nodes", "procs_per_node", "link", "latency", "burst", "clock_skew", "clock_drift"):
+                raise invalid("--emulate key", "one of nodes, procs_per_node, link, latency, burst, clock_skew, "
+                              "clock_drift", key)
             if key in fields:
                 raise invalid(f"--emulate {key}", "given once", text)
             fields[key] = value.strip()
@@ -164,7 +168,22 @@ class EmulateSpec:
             if skew > 10.0:
                 raise invalid("--emulate clock_skew", "at most 10s", fields["clock_skew"])
             spec = replace(spec, clock_skew_s=skew)
+        if "clock_drift" in fields:
+            raw = fields["clock_drift"].removesuffix("ppm")
+            try:
+                drift = float(raw)
+            except ValueError:
+                drift = float("nan")
+            if not 0 < drift <= 10000:
+                raise invalid("--emulate clock_drift", "parts per million > 0 and <= 10000, such as 100 or 100ppm",
+                              fields["clock_drift"])
+            spec = replace(spec, clock_drift_ppm=drift)
         return spec
+
+    @property
+    def fakes_clocks(self) -> bool:
+        """Whether node i > 0 runs with libfaketime preloaded (a clock skew or drift)."""
+        return bool(self.clock_skew_s or self.clock_drift_ppm)
 
     @property
     def link_gbps(self) -> float:
@@ -180,20 +199,23 @@ class EmulateSpec:
         """The canonical spec string (what ENV_EMULATED carries)."""
         return (f"nodes={self.nodes},procs_per_node={self.procs_per_node},link={self.link_bps:.0f}bit,"
                 f"latency={self.latency_s * 1e6:.0f}us,burst={self.burst_bytes}b"
-                + (f",clock_skew={self.clock_skew_s * 1e6:.0f}us" if self.clock_skew_s else ""))
+                + (f",clock_skew={self.clock_skew_s * 1e6:.0f}us" if self.clock_skew_s else "")
+                + (f",clock_drift={self.clock_drift_ppm:g}" if self.clock_drift_ppm else ""))
 
     def describe(self) -> str:
         """E.g. "2 nodes x 2 rank(s), 1 Gbit/s links (emulated: veth + tc tbf)"."""
         return (f"{self.nodes} nodes x {self.procs_per_node} rank(s), {self.link_gbps:g} Gbit/s links "
                 f"(emulated: veth + tc tbf, queue {self.latency_s * 1e3:g} ms, burst {self.burst_bytes >> 10} KiB"
-                + (f"; node i's clock i x {self.clock_skew_s * 1e3:g} ms ahead" if self.clock_skew_s else "") + ")")
+                + (f"; node i's clock i x {self.clock_skew_s * 1e3:g} ms ahead" if self.clock_skew_s else "")
+                + (f"; node i's clock i x {self.clock_drift_ppm:g} ppm fast" if self.clock_drift_ppm else "") + ")")
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": self.nodes, "procs_per_node": self.procs_per_node, "link_gbps": self.link_gbps,
                 "latency_s": round(self.latency_s, 9), "burst_bytes": self.burst_bytes, "spec": self.text(),
                 "shaping": "tc tbf on both ends of every veth"} | ({
-                    "clock_skew_s": self.clock_skew_s, "clock": "libfaketime: node i's clocks i x clock_skew_s ahead",
-                } if self.clock_skew_s else {})
+                    "clock_skew_s": self.clock_skew_s, "clock_drift_ppm": self.clock_drift_ppm,
+                    "clock": "libfaketime: node i's clocks i x clock_skew_s ahead, i x clock_drift_ppm fast",
+                } if self.fakes_clocks else {})
 
 
 def node_address(node: int) -> str:
@@ -311,8 +333,8 @@ class EmulatedCluster:
 
     def __enter__(self) -> EmulatedCluster:
         check_can_emulate()
-        if self.spec.clock_skew_s and faketime_library() is None:
-            raise EmulationError("--emulate clock_skew needs libfaketime (Debian's package faketime), but "
+        if self.spec.fakes_clocks and faketime_library() is None:
+            raise EmulationError("--emulate clock_skew and clock_drift need libfaketime (Debian's package faketime), but "
                                  "libfaketime.so.1 is not installed")
         if any(pid == self.owner_pid for pid in owned_namespaces().values()):
             raise EmulationError(f"one emulated cluster per process, but {self.prefix}* namespaces already exist")
@@ -400,7 +422,8 @@ class EmulatedCluster:
     # -- runs ---------------------------------------------------------------------------------------------
     def launcher_template(self) -> str:
         """The `launch.launcher` that fans a torchrun command out to the nodes."""
-        skew = ["--clock-skew-s", repr(self.spec.clock_skew_s)] if self.spec.clock_skew_s else []
+        skew = (["--clock-skew-s", repr(self.spec.clock_skew_s)] if self.spec.clock_skew_s else []) + (
+            ["--clock-drift-ppm", repr(self.spec.clock_drift_ppm)] if self.spec.clock_drift_ppm else [])
         return shlex.join([sys.executable, "-m", AGENTS_MODULE, "--prefix", self.prefix,
                            "--nodes", str(self.spec.nodes), *skew, "--"]) + " {cmd}"
 

@@ -48,8 +48,8 @@ def realtime_minus_now(tries: int = 3) -> float:
 EXCHANGE_ROUNDS = 16
 
 
-def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, rounds: int = EXCHANGE_ROUNDS,
-                        timeout_s: float = 10.0) -> dict[str, Any]:
+def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, tag: str = "0", peers: list[int] | None = None,
+                        rounds: int = EXCHANGE_ROUNDS, timeout_s: float = 10.0) -> dict[str, Any]:
     """How far this host's clock (`now()`) is ahead of rank 0's, by ping-pong with rank 0 (NTP's estimate).
 
     Called by one rank per host (local rank 0) right after the process group is up: rank 0
@@ -57,12 +57,15 @@ def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, rounds: int 
     ping arrives; a host takes, from the round with the least round trip, the midpoint of its own
     send and receive minus that reading. Its error is at most half that round trip, whatever the
     two directions' delays. A two-rank gloo group per host pair, built on the job's store under a
-    key prefix of its own and never registered with c10d: no collective of the job's, no group
-    count, nothing a capture or a script sees.
+    key prefix of its own (`tag`: one per exchange, the same on every rank) and never registered
+    with c10d: no collective of the job's, no group count, nothing a capture or a script sees.
 
-    Returns, on a host other than rank 0's, {"reference_rank": 0, "ahead_s", "rtt_s", "rounds"};
-    on rank 0, {"answered": [node ranks], "failed": {node rank: error}}. Raises what gloo raised
-    on a host other than rank 0's (its caller notes it).
+    `peers`: on rank 0, the nodes to answer (default: 1 to nnodes - 1).
+
+    Returns, on a host other than rank 0's, {"reference_rank": 0, "ahead_s", "rtt_s", "t" (the
+    best round's midpoint, on this host's clock), "rounds"}; on rank 0, {"answered": [node ranks],
+    "failed": {node rank: error}}. Raises what gloo raised on a host other than rank 0's (its
+    caller notes it).
     """
     from datetime import timedelta
 
@@ -72,13 +75,15 @@ def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, rounds: int 
     buf = torch.zeros(1, dtype=torch.float64)
 
     def pair(node: int, me: int) -> Any:
-        # Rank 0 answers the hosts in turn: a host waits for those before it too (each up to `timeout_s`).
-        timeout = timedelta(seconds=timeout_s * (1 if me == 0 else node))
-        return dist.ProcessGroupGloo(dist.PrefixStore(f"torsh_tune/clock/{node}", store), me, 2, timeout)
+        # Rank 0 answers the hosts in turn (milliseconds each): a host waits for those before it too.
+        timeout = timedelta(seconds=timeout_s + (0 if me == 0 else 0.1 * node))
+        return dist.ProcessGroupGloo(dist.PrefixStore(f"torsh_tune/clock/{tag}/{node}", store), me, 2, timeout)
 
     if node_rank == 0:
-        answered, failed = [], {}
-        for node in range(1, nnodes):
+        answered: list[int] = []
+        failed: dict[int, str] = {}
+        todo = list(range(1, nnodes) if peers is None else peers)
+        for i, node in enumerate(todo):
             try:
                 pg = pair(node, 0)
                 for _ in range(rounds):
@@ -86,16 +91,22 @@ def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, rounds: int 
                     buf[0] = now()
                     pg.send([buf], 1, 0).wait()
                 answered.append(node)
-            except RuntimeError as exc:  # that host's leader never came or left: the next one is still answered
-                failed[node] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            except RuntimeError as exc:
+                # Every host passed init_process_group, so one that does not answer is one gloo cannot reach (an
+                # interface or address setting all hosts share, GLOO_SOCKET_IFNAME): the others are not waited for
+                # either, `timeout_s` each. Their own waits end at their timeouts.
+                why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                failed.update({n: why for n in todo[i:]})
+                break
         return {"answered": answered, "failed": failed}
     pg = pair(node_rank, 1)
-    best_rtt, ahead = float("inf"), 0.0
+    best_rtt, ahead, mid = float("inf"), 0.0, 0.0
     for _ in range(rounds):
         t1 = now()
         pg.send([buf], 0, 0).wait()
         pg.recv([buf], 0, 0).wait()
         t4 = now()
         if t4 - t1 < best_rtt:
-            best_rtt, ahead = t4 - t1, (t1 + t4) / 2 - float(buf[0])
-    return {"reference_rank": 0, "ahead_s": ahead, "rtt_s": best_rtt, "rounds": rounds}
+            best_rtt, mid = t4 - t1, (t1 + t4) / 2
+            ahead = mid - float(buf[0])
+    return {"reference_rank": 0, "ahead_s": ahead, "rtt_s": best_rtt, "t": mid, "rounds": rounds}

@@ -67,6 +67,7 @@ class RankRuntime:
         )
         self.ddp_models: list[Any] = []
         self.collectives: Any = None  # the c10d capture (profiler.collectives), installed with the patches
+        self.clock_exchanges = 0  # hosts' clock exchanges made (`patches._exchange_clocks`): names the next one
         self.tracker.step_comm = self.ddp_step_comm
         self.tracker.ddp_timers_every = config.profiler.ddp_timers_every
         self._ddp_rate, self._detailed = 1, True  # DDP's runtime-stats sample rate set on the builtin models

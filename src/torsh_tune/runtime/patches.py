@@ -53,6 +53,7 @@ def install(rt: "RankRuntime") -> None:
         rt.collectives.install()
         rt.tracker.release_comm = rt.collectives.release_unwaited
     _patch_init_process_group(rt)
+    _patch_destroy_process_group(rt)
     _patch_ddp(rt)
     _patch_dataloader(rt)
     _patch_backward(rt)
@@ -90,7 +91,7 @@ def _patch_init_process_group(rt: "RankRuntime") -> None:
         result = original(backend, *args, **kwargs)
         rt.meta["backend"] = str(dist.get_backend())
         rt.meta["backend_requested"] = None if requested is None else str(requested)
-        _exchange_clocks(rt)
+        _exchange_clocks(rt, "start")
         rt.save_meta()
         return result
 
@@ -98,8 +99,9 @@ def _patch_init_process_group(rt: "RankRuntime") -> None:
     dist.init_process_group = init_process_group
 
 
-def _exchange_clocks(rt: "RankRuntime") -> None:
-    """Ranks on several hosts: each host's clock measured against rank 0's at start-up (`meta["clock_sync"]`).
+def _exchange_clocks(rt: "RankRuntime", when: str) -> None:
+    """Ranks on several hosts: each host's clock measured against rank 0's (`meta["clock_sync"]` at start-up,
+    `meta["clock_sync_end"]` when the default group is destroyed: how far the clocks drifted apart between).
 
     One rank per host (local rank 0) takes part; the analysis puts the hosts on rank 0's clock with it
     where the collectives cannot (device-clock records on NCCL) and checks it against them where they can.
@@ -113,16 +115,41 @@ def _exchange_clocks(rt: "RankRuntime") -> None:
         nnodes = env.nnodes
     if nnodes < 2:
         return
+    key = "clock_sync" if when == "start" else "clock_sync_end"
+    # At the end rank 0 answers the nodes that answered at start-up (the others made no exchange then either).
+    peers = rt.meta["clock_sync"].get("answered") if when == "end" and env.rank == 0 else None
+    # Every rank inits and destroys its groups in the same order: the count names the exchange alike on all.
+    rt.clock_exchanges += 1
     try:
-        rt.meta["clock_sync"] = exchange_with_rank0(c10d._get_default_store(), env.node_rank, nnodes)
+        rt.meta[key] = exchange_with_rank0(c10d._get_default_store(), env.node_rank, nnodes,
+                                           tag=str(rt.clock_exchanges), peers=peers)
     except Exception as exc:  # noqa: BLE001 - the run goes on; its hosts' clocks are then read from the collectives only
-        rt.note(f"hosts' clocks: the start-up exchange with rank 0 failed ({type(exc).__name__}: "
+        rt.note(f"hosts' clocks: the {when} exchange with rank 0 failed ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''})")
         return
-    failed = rt.meta["clock_sync"].get("failed")
+    failed = rt.meta[key].get("failed")
     if failed:
-        rt.note("hosts' clocks: the start-up exchange found no answer from node(s) "
+        rt.note(f"hosts' clocks: the {when} exchange found no answer from node(s) "
                 f"{', '.join(str(n) for n in sorted(failed))} ({next(iter(failed.values()))})")
+
+
+def _patch_destroy_process_group(rt: "RankRuntime") -> None:
+    """The clocks' second exchange, as the default group goes: the script's own destroy_process_group() at
+    its end or the bootstrap's (after its barrier at the step budget), where every rank is about to stop."""
+    original = c10d.destroy_process_group
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> Any:
+        if group is None or group is c10d.GroupMember.WORLD:
+            if dist.is_initialized() and "clock_sync" in rt.meta and "clock_sync_end" not in rt.meta:
+                _exchange_clocks(rt, "end")
+                rt.save_meta()
+        return original(group)
+
+    destroy_process_group._torsh_capture = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    if dist.destroy_process_group is original:
+        dist.destroy_process_group = destroy_process_group
 
 
 # -- DistributedDataParallel -------------------------------------------------------------
