@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test venv browser postgres faketime clean gpu-check
 
-$(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c
+$(STAMP): pyproject.toml setup.py src/torsh_tune/analysis/traces/_scan.c src/torsh_tune/profiler/_lines.c
 	@command -v $(PY) >/dev/null 2>&1 || { echo "python3.11 is required"; exit 2; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -85,4 +85,4 @@ gpu-check:
 
 clean:
 	rm -rf $(VENV) torsh-runs build
-	rm -f src/torsh_tune/analysis/traces/_scan.*.so
+	rm -f src/torsh_tune/analysis/traces/_scan.*.so src/torsh_tune/profiler/_lines.*.so

@@ -1,8 +1,10 @@
-"""Build of the optional C extension; the package metadata lives in pyproject.toml.
+"""Build of the optional C extensions; the package metadata lives in pyproject.toml.
 
-``torsh_tune.analysis.traces._scan`` scans Kineto trace JSON into columns. It is optional:
-without a C compiler the install still succeeds and trace parsing falls back to Python's
-``json`` (several times slower; `load_traces` then warns).
+``torsh_tune.analysis.traces._scan`` scans Kineto trace JSON into columns, and
+``torsh_tune.profiler._lines`` writes the record lines of synchronous host-clock collectives.
+Both are optional: without a C compiler the install still succeeds, trace parsing falls back
+to Python's ``json`` (several times slower; `load_traces` then warns) and the record writer
+to Python's formatting (the same lines, ~1.3 us more per collective).
 """
 
 from setuptools import Extension, setup
@@ -25,7 +27,12 @@ setup(
             "torsh_tune.analysis.traces._scan",
             ["src/torsh_tune/analysis/traces/_scan.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "torsh_tune.profiler._lines",
+            ["src/torsh_tune/profiler/_lines.c"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": _BuildExt},
 )

@@ -32,7 +32,8 @@ probes' Python runs at the rate of the step it sits in.
     .venv/bin/python benchmarks/probe_instructions.py --steps 100 --sizes 4,32
     .venv/bin/python benchmarks/probe_instructions.py --workload fsdp2 --steps 20 --sizes 2,10
 
-Prints a table and one JSON line. Needs valgrind (Debian's package).
+`--python-writer` has the torsh arm write its host calls' lines in Python, as where the C writer
+(`profiler/_lines.c`) is not built. Prints a table and one JSON line. Needs valgrind (Debian's package).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ TARGET_COLLECTIVE_US = 5.0
 WARMUP = 30
 # Only at the end under valgrind: their cost is per second of the run, not per step.
 QUIET_THREADS = {"system_interval_s": 1e6, "flush_interval_s": 1e6}
+_PYTHON_WRITER = "PROBE_INSTRUCTIONS_PYTHON_WRITER"
 
 
 def child(workload: str, arm: str, size: int, steps: int, out: Path, timed: bool) -> None:
@@ -72,6 +74,10 @@ def child(workload: str, arm: str, size: int, steps: int, out: Path, timed: bool
     import probe_cost
 
     torch.set_num_threads(1)
+    if os.environ.get(_PYTHON_WRITER):  # the host calls' lines written by `writer._line`, as without the C writer
+        import torsh_tune.profiler.writer as writer
+
+        writer._c_host_call_lines = None
     rt = probe_cost.install_probes(out.parent / "run", profiler=dict(QUIET_THREADS)) if arm == "torsh" else None
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     step, loader, _ = probe_cost._build(workload, size)
@@ -154,6 +160,8 @@ def main() -> None:
                                                  "blocks fully_shard-ed; two or more fit a line")
     p.add_argument("--jobs", type=int, default=2, help="valgrind runs side by side (counts do not depend on it)")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's callgrind output in this folder")
+    p.add_argument("--python-writer", action="store_true",
+                   help="the torsh arm writes its host calls' lines in Python (profiler/_lines.c left out), to compare")
     p.add_argument("--child", choices=("bare", "torsh"))
     p.add_argument("--size", type=int, default=4)
     p.add_argument("--out", type=Path)
@@ -166,6 +174,11 @@ def main() -> None:
         raise SystemExit("valgrind is required: apt-get install valgrind")
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     n = args.steps
+    if args.python_writer:
+        os.environ[_PYTHON_WRITER] = "1"  # the children inherit it
+    from torsh_tune.profiler import writer
+
+    writer_kind = "python" if args.python_writer or writer._c_host_call_lines is None else "c"
     work = Path(tempfile.mkdtemp(prefix="probe-instr-"))
     jobs = [(args.workload, arm, size, k) for size in sizes for arm in ("bare", "torsh") for k in (n, 2 * n)]
     t0 = time.time()
@@ -197,7 +210,9 @@ def main() -> None:
     print(f"fit: {fit['per_step_instr']:,.0f} instr per step + {fit['per_collective_instr']:,.0f} instr per collective"
           f" = ~{fit['per_step_us']:.1f} us per step + ~{fit['per_collective_us']:.2f} us per collective "
           f"at {rate:.3f} ns per instruction (targets {TARGET_STEP_US:.0f} us + {TARGET_COLLECTIVE_US:.0f} us)")
-    print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "steps": n, "warmup": WARMUP,
+    print(f"host calls' lines written in {'C (profiler/_lines.c)' if writer_kind == 'c' else 'Python'}")
+    print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "writer": writer_kind,
+                      "steps": n, "warmup": WARMUP,
                       "sizes": sizes, "rows": rows, "fit": fit, "seconds": round(time.time() - t0, 1),
                       "python": platform.python_version(), "machine": platform.machine(),
                       "torch": __import__("torch").__version__}))

@@ -156,3 +156,55 @@ def test_records_that_are_not_json_fail_alone_and_every_other_line_is_written_on
     with pytest.raises(OSError, match="could not all be written"):
         writer.close()
     assert [r["step"] for r in _lines(run, "steps")] == [i for i in range(50) if i not in bad]
+
+
+def test_the_c_writer_is_built_and_writes_host_calls_as_python_does_character_for_character(tmp_path, monkeypatch):
+    import random
+
+    from torsh_tune.profiler import writer as writer_module
+
+    assert writer_module._c_host_call_lines is not None, "the C writer (profiler/_lines.c) was not built"
+    rng = random.Random(0)
+    sites = [(SharedFields({"rank": 0, "collective": "all_reduce", "group_ranks": [0, 1], "origin": "train:main"}), "user"),
+             (SharedFields({}), "user"), (SharedFields({"rank": 0, "collective": "broadcast", "dtype": "float16"}), "user")]
+    records: list = []
+    for i in range(500):
+        t0 = rng.uniform(0, 5e6)
+        d = 10 ** rng.uniform(-9, 1) if i % 50 else [0.0, 0.0009765625, 5e-10][i // 50 % 3]  # zero, ties, the rounding edge
+        records.append((rng.randrange(3), rng.randrange(10**6), rng.randrange(10**9), rng.randrange(2**40), t0, t0 + d))
+        if i % 97 == 0:  # the other records keep their places among the calls
+            records.append({"_s": sites[0][0], "step": i, "seq": -1, "t_issue": t0, "duration_s": d})
+    # What the C writer turns down the Python one writes: an int time, a bool, a negative duration (a clock that
+    # went back), NaN
+    records += [(0, 1, 2, 3, 5, 6.0), (0, True, 2, 3, 5.0, 6.0), (1, 1, 2, 3, 7.0, 6.5), (2, 1, 2, 3, 7.0, float("nan"))]
+
+    def written(c_writer) -> list[str]:
+        monkeypatch.setattr(writer_module, "_c_host_call_lines", c_writer)
+        run = RunDir(tmp_path / ("c" if c_writer else "py"))
+        w = RecordWriter(run, 0, flush_interval_s=60)
+        w._call_sites = sites
+        w._streams["comm"].pending.extend(records)
+        w.close()
+        return run.rank_file(0, "comm").read_text().splitlines()
+
+    c_lines, py_lines = written(writer_module._c_host_call_lines), written(None)
+    assert len(c_lines) == len(records) and c_lines == py_lines
+    assert json.loads(c_lines[-2])["duration_s"] == -0.5
+
+
+def test_the_c_fixed_point_is_pythons_correctly_rounded_format():
+    import math
+    import random
+
+    from torsh_tune.profiler._lines import fixed
+
+    rng = random.Random(1)
+    values = [rng.uniform(1.6e9, 1.9e9) for _ in range(20000)] + [10 ** rng.uniform(-12, 6) for _ in range(20000)]
+    # exact halves at the last digit (round half to even), carries into the integer part, the smallest numbers
+    values += [k / 2**m for m in range(1, 34) for k in range(1, 600, 7)] + [0.0, 0.0009765625, 0.99999999995, 9.9999999995,
+                                                                           2.0**53 - 1, 5e-324, 1e-300]
+    for x in values:
+        for digits in (7, 9):
+            assert fixed(x, digits) == format(x, f".{digits}f"), (x, digits)
+    for x in (-1.0, -0.0, math.inf, math.nan, 2.0**53):  # what the writer leaves to Python
+        assert fixed(x, 7) is None

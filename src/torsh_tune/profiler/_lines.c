@@ -1,0 +1,236 @@
+/*
+ * torsh_tune.profiler._lines: the JSON lines of synchronous host-clock collectives, written in C.
+ *
+ * `host_call_lines(calls, prefixes, offset)` turns the tuples the c10d capture keeps for each
+ * synchronous host-clock call, (call site, step, seq, bytes, perf_counter at issue, at return),
+ * into the lines `profiler.writer._line` writes for them, character for character:
+ *
+ *   PREFIX"step":S,"seq":Q,"bytes":B,"wire_bytes":B,"t_issue":T0,"blocked_s":D,"duration_s":D,"t_complete":T1}
+ *
+ * PREFIX is `prefixes[site]` (the call site's shared fields, `SharedFields.prefix`), T0 and T1
+ * are `t + offset` in fixed point with 7 decimals and D = t1 - t0 with 9, each the correctly
+ * rounded decimal of the binary value (round half to even), as Python's `format(x, ".7f")`.
+ * A float turned into text in CPython goes through dtoa's big-number path for a 17-digit Unix
+ * time: two of them were ~10 k of the ~38 k instructions the probes cost per collective
+ * (benchmarks/probe_instructions.py). Here a fixed-point number is exact integer arithmetic on
+ * the double's mantissa.
+ *
+ * Returns a list with one str per call. An entry is None where the tuple is not what the
+ * capture writes (another type, a negative, non-finite or huge number, a site out of range):
+ * the writer formats that one in Python, which says what is wrong with it. No state.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static const uint64_t POW10[10] = {1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL,
+                                   10000000ULL, 100000000ULL, 1000000000ULL};
+
+/* Decimal digits of v at out; returns how many. */
+static int put_uint(char *out, uint64_t v) {
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (int i = 0; i < n; i++)
+        out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+/*
+ * x with `digits` (<= 9) decimals, correctly rounded (half to even) from its exact binary value,
+ * at out; returns the characters written, or -1 when x is not a finite number in [0, 2^53) (the
+ * caller falls back to Python). x = M * 2^E exactly, M < 2^53: the integer part is M >> -E and the
+ * fraction's digits are round(frac * 10^digits / 2^-E), in 128-bit integers.
+ */
+static int put_fixed(char *out, double x, int digits) { /* digits: 1..9 */
+    if (!(x >= 0.0) || !(x < 9007199254740992.0) || signbit(x))
+        return -1;
+    uint64_t ipart = 0, q = 0;
+    if (x != 0.0) {
+        int e;
+        double m = frexp(x, &e); /* x = m * 2^e, m in [0.5, 1) */
+        uint64_t M = (uint64_t)ldexp(m, 53);
+        int sh = 53 - e; /* x = M * 2^-sh */
+        if (sh <= 0) {
+            ipart = M << (-sh);
+        } else if (sh > 120) {
+            /* x < 2^53 * 2^-121 = 2^-68: zero at 9 decimals and below */
+        } else {
+            uint64_t frac = sh >= 64 ? M : (M & ((1ULL << sh) - 1));
+            ipart = sh >= 64 ? 0 : M >> sh;
+            unsigned __int128 p = (unsigned __int128)frac * POW10[digits]; /* < 2^83 */
+            unsigned __int128 one = (unsigned __int128)1 << sh;
+            q = (uint64_t)(p >> sh);
+            unsigned __int128 r = p & (one - 1), half = one >> 1;
+            if (r > half || (r == half && (q & 1)))
+                q++;
+            if (q == POW10[digits]) {
+                q = 0;
+                ipart++;
+            }
+        }
+    }
+    int n = put_uint(out, ipart);
+    out[n++] = '.';
+    for (int i = digits - 1; i >= 0; i--) {
+        out[n + i] = (char)('0' + q % 10);
+        q /= 10;
+    }
+    return n + digits;
+}
+
+/* A non-negative exact int (not a bool) below 2^63, or -1. */
+static long long as_count(PyObject *v) {
+    if (!PyLong_CheckExact(v))
+        return -1;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || x < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    return x;
+}
+
+static int as_time(PyObject *v, double *out) {
+    if (!PyFloat_CheckExact(v))
+        return -1;
+    *out = PyFloat_AS_DOUBLE(v);
+    return isfinite(*out) ? 0 : -1;
+}
+
+static const char K_STEP[] = "\"step\":", K_SEQ[] = ",\"seq\":", K_BYTES[] = ",\"bytes\":",
+                  K_WIRE[] = ",\"wire_bytes\":", K_ISSUE[] = ",\"t_issue\":", K_BLOCKED[] = ",\"blocked_s\":",
+                  K_DURATION[] = ",\"duration_s\":", K_COMPLETE[] = ",\"t_complete\":";
+
+#define PUT(lit)                                  \
+    do {                                          \
+        memcpy(p, lit, sizeof(lit) - 1);          \
+        p += sizeof(lit) - 1;                     \
+    } while (0)
+
+/* One call's line, or NULL with no error set when the tuple is not the capture's (None for the caller). */
+static PyObject *line_of(PyObject *call, PyObject *prefixes, double offset, char **buf, Py_ssize_t *cap) {
+    if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 6)
+        return NULL;
+    long long site = as_count(PyTuple_GET_ITEM(call, 0));
+    long long step = as_count(PyTuple_GET_ITEM(call, 1));
+    long long seq = as_count(PyTuple_GET_ITEM(call, 2));
+    long long nbytes = as_count(PyTuple_GET_ITEM(call, 3));
+    double t0, t1;
+    if (site < 0 || step < 0 || seq < 0 || nbytes < 0 || site >= PyList_GET_SIZE(prefixes) ||
+        as_time(PyTuple_GET_ITEM(call, 4), &t0) || as_time(PyTuple_GET_ITEM(call, 5), &t1))
+        return NULL;
+    PyObject *prefix = PyList_GET_ITEM(prefixes, site);
+    if (!PyUnicode_Check(prefix) || !PyUnicode_IS_ASCII(prefix))
+        return NULL;
+    Py_ssize_t plen = PyUnicode_GET_LENGTH(prefix);
+    Py_ssize_t need = plen + 256; /* the fields' names and 8 numbers of at most 24 characters each */
+    if (need > *cap) {
+        char *grown = PyMem_Realloc(*buf, (size_t)need);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        *buf = grown;
+        *cap = need;
+    }
+    char *p = *buf;
+    memcpy(p, PyUnicode_DATA(prefix), (size_t)plen);
+    p += plen;
+    char d[40];
+    int dn = put_fixed(d, t1 - t0, 9);
+    PUT(K_STEP);
+    p += put_uint(p, (uint64_t)step);
+    PUT(K_SEQ);
+    p += put_uint(p, (uint64_t)seq);
+    PUT(K_BYTES);
+    p += put_uint(p, (uint64_t)nbytes);
+    PUT(K_WIRE);
+    p += put_uint(p, (uint64_t)nbytes);
+    PUT(K_ISSUE);
+    int n = put_fixed(p, t0 + offset, 7);
+    if (n < 0 || dn < 0)
+        return NULL;
+    p += n;
+    PUT(K_BLOCKED);
+    memcpy(p, d, (size_t)dn);
+    p += dn;
+    PUT(K_DURATION);
+    memcpy(p, d, (size_t)dn);
+    p += dn;
+    PUT(K_COMPLETE);
+    n = put_fixed(p, t1 + offset, 7);
+    if (n < 0)
+        return NULL;
+    p += n;
+    *p++ = '}';
+    return PyUnicode_DecodeASCII(*buf, p - *buf, NULL);
+}
+
+static PyObject *host_call_lines(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *calls, *prefixes;
+    double offset;
+    if (!PyArg_ParseTuple(args, "O!O!d:host_call_lines", &PyList_Type, &calls, &PyList_Type, &prefixes, &offset))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(calls);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t cap = 1024;
+    char *buf = PyMem_Malloc((size_t)cap);
+    if (buf == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line = line_of(PyList_GET_ITEM(calls, i), prefixes, offset, &buf, &cap);
+        if (line == NULL) {
+            if (PyErr_Occurred()) {
+                PyMem_Free(buf);
+                Py_DECREF(out);
+                return NULL;
+            }
+            line = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, line);
+    }
+    PyMem_Free(buf);
+    return out;
+}
+
+static PyObject *fixed(PyObject *self, PyObject *args) {
+    (void)self;
+    double x;
+    int digits;
+    if (!PyArg_ParseTuple(args, "di:fixed", &x, &digits))
+        return NULL;
+    if (digits < 1 || digits > 9) {
+        PyErr_SetString(PyExc_ValueError, "digits must be 1..9");
+        return NULL;
+    }
+    char out[40];
+    int n = put_fixed(out, x, digits);
+    if (n < 0)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeASCII(out, n, NULL);
+}
+
+static PyMethodDef METHODS[] = {
+    {"host_call_lines", host_call_lines, METH_VARARGS,
+     "host_call_lines(calls, prefixes, offset) -> list of str or None: the JSON lines of synchronous host-clock calls."},
+    {"fixed", fixed, METH_VARARGS,
+     "fixed(x, digits) -> str or None: format(x, f'.{digits}f') for x in [0, 2**53), None otherwise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_lines", NULL, 0, METHODS, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__lines(void) { return PyModule_Create(&MODULE); }
