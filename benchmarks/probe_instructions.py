@@ -77,7 +77,7 @@ def child(workload: str, arm: str, size: int, steps: int, out: Path, timed: bool
     if os.environ.get(_PYTHON_WRITER):  # the host calls' lines written by `writer._line`, as without the C writer
         import torsh_tune.profiler.writer as writer
 
-        writer._c_host_call_lines = None
+        writer._c_record_lines = None
     rt = probe_cost.install_probes(out.parent / "run", profiler=dict(QUIET_THREADS)) if arm == "torsh" else None
     dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
     step, loader, _ = probe_cost._build(workload, size)
@@ -178,7 +178,7 @@ def main() -> None:
         os.environ[_PYTHON_WRITER] = "1"  # the children inherit it
     from torsh_tune.profiler import writer
 
-    writer_kind = "python" if args.python_writer or writer._c_host_call_lines is None else "c"
+    writer_kind = "python" if args.python_writer or writer._c_record_lines is None else "c"
     work = Path(tempfile.mkdtemp(prefix="probe-instr-"))
     jobs = [(args.workload, arm, size, k) for size in sizes for arm in ("bare", "torsh") for k in (n, 2 * n)]
     t0 = time.time()

@@ -158,12 +158,30 @@ def test_records_that_are_not_json_fail_alone_and_every_other_line_is_written_on
     assert [r["step"] for r in _lines(run, "steps")] == [i for i in range(50) if i not in bad]
 
 
-def test_the_c_writer_is_built_and_writes_host_calls_as_python_does_character_for_character(tmp_path, monkeypatch):
+def _random_record(rng, sites, t0: float, d: float) -> dict:
+    """A record of the kinds the writer writes (CommRecord, StepRecord, SystemRecord fields), with values of every
+    type JSON takes, some of which the C writer turns down (the Python writer then writes them)."""
+    pick = rng.choice
+    values = [None, True, False, -3, 0, 7, 2**70, 0.1, -2.5e-7, 1e20, float("nan"), float("inf"), -float("inf"),
+              "forward", 'say "hi"', "back\\slash", "caf\u00e9", "tab\there", [0, 1, 3], (2, 3), [], [[1], [2.5, None]],
+              {"nested": 1}, 12.3456789012345]
+    record = {"step": rng.randrange(1000), "seq": rng.randrange(-1, 10**6), "t_issue": t0, "duration_s": pick([d, -d, -0.0]),
+              "t_complete": t0 + d, "exposed_comm_s": pick([d, -1e-12, 0.0, 1e16]), "loss": pick([0.0263, float("nan"), None]),
+              "cpu_pct": rng.uniform(0, 400), "pcie_tx_bytes_per_s": rng.uniform(0, 1e10), "phase": pick(values),
+              pick(["peak_mem_bytes", "group_ranks", "clock", "warmup"]): pick(values)}
+    for key in rng.sample(list(record), rng.randrange(3)):  # fields come and go
+        del record[key]
+    if rng.random() < 0.7:
+        record = {"_s": pick(sites)[0], **record}
+    return record
+
+
+def test_the_c_writer_is_built_and_writes_every_record_as_python_does_character_for_character(tmp_path, monkeypatch):
     import random
 
     from torsh_tune.profiler import writer as writer_module
 
-    assert writer_module._c_host_call_lines is not None, "the C writer (profiler/_lines.c) was not built"
+    assert writer_module._c_record_lines is not None, "the C writer (profiler/_lines.c) was not built"
     rng = random.Random(0)
     sites = [(SharedFields({"rank": 0, "collective": "all_reduce", "group_ranks": [0, 1], "origin": "train:main"}), "user"),
              (SharedFields({}), "user"), (SharedFields({"rank": 0, "collective": "broadcast", "dtype": "float16"}), "user")]
@@ -172,14 +190,14 @@ def test_the_c_writer_is_built_and_writes_host_calls_as_python_does_character_fo
         t0 = rng.uniform(0, 5e6)
         d = 10 ** rng.uniform(-9, 1) if i % 50 else [0.0, 0.0009765625, 5e-10][i // 50 % 3]  # zero, ties, the rounding edge
         records.append((rng.randrange(3), rng.randrange(10**6), rng.randrange(10**9), rng.randrange(2**40), t0, t0 + d))
-        if i % 97 == 0:  # the other records keep their places among the calls
-            records.append({"_s": sites[0][0], "step": i, "seq": -1, "t_issue": t0, "duration_s": d})
+        if i % 7 == 0:  # the other records (dicts: any value json writes) keep their places among the calls
+            records.append(_random_record(rng, sites, t0, d))
     # What the C writer turns down the Python one writes: an int time, a bool, a negative duration (a clock that
     # went back), NaN
     records += [(0, 1, 2, 3, 5, 6.0), (0, True, 2, 3, 5.0, 6.0), (1, 1, 2, 3, 7.0, 6.5), (2, 1, 2, 3, 7.0, float("nan"))]
 
     def written(c_writer) -> list[str]:
-        monkeypatch.setattr(writer_module, "_c_host_call_lines", c_writer)
+        monkeypatch.setattr(writer_module, "_c_record_lines", c_writer)
         run = RunDir(tmp_path / ("c" if c_writer else "py"))
         w = RecordWriter(run, 0, flush_interval_s=60)
         w._call_sites = sites
@@ -187,8 +205,12 @@ def test_the_c_writer_is_built_and_writes_host_calls_as_python_does_character_fo
         w.close()
         return run.rank_file(0, "comm").read_text().splitlines()
 
-    c_lines, py_lines = written(writer_module._c_host_call_lines), written(None)
+    c_writer = writer_module._c_record_lines
+    c_lines, py_lines = written(c_writer), written(None)
     assert len(c_lines) == len(records) and c_lines == py_lines
+    declined = sum(line is None for line in c_writer(
+        records, [site[0].prefix for site in sites], writer_module._OFFSET, writer_module._FIXED_POINT))
+    assert 0 < declined < len(records) / 4  # most records written in C; what it cannot write exactly, in Python
     assert json.loads(c_lines[-2])["duration_s"] == -0.5
 
 

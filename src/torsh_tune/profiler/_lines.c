@@ -42,6 +42,8 @@ static int put_uint(char *out, uint64_t v) {
     return n;
 }
 
+static int put_fixed_abs(char *out, double x, int digits);
+
 /*
  * x with `digits` (<= 9) decimals, correctly rounded (half to even) from its exact binary value,
  * at out; returns the characters written, or -1 when x is not a finite number in [0, 2^53) (the
@@ -51,6 +53,21 @@ static int put_uint(char *out, uint64_t v) {
 static int put_fixed(char *out, double x, int digits) { /* digits: 1..9 */
     if (!(x >= 0.0) || !(x < 9007199254740992.0) || signbit(x))
         return -1;
+    return put_fixed_abs(out, x, digits);
+}
+
+/* Any finite |x| < 2^53, signed as Python writes it ("-0.000000000" for -0.0 and for a negative that rounds to 0). */
+static int put_fixed_signed(char *out, double x, int digits) {
+    if (!isfinite(x) || !(fabs(x) < 9007199254740992.0))
+        return -1;
+    if (signbit(x)) {
+        out[0] = '-';
+        return 1 + put_fixed_abs(out + 1, -x, digits);
+    }
+    return put_fixed_abs(out, x, digits);
+}
+
+static int put_fixed_abs(char *out, double x, int digits) {
     uint64_t ipart = 0, q = 0;
     if (x != 0.0) {
         int e;
@@ -174,27 +191,224 @@ static PyObject *line_of(PyObject *call, PyObject *prefixes, double offset, char
     return PyUnicode_DecodeASCII(*buf, p - *buf, NULL);
 }
 
-static PyObject *host_call_lines(PyObject *self, PyObject *args) {
+/* -- any other record (a dict): what writer._encode_record and _line write ----------------------- */
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int reserve(Buf *b, Py_ssize_t extra) {
+    if (b->len + extra <= b->cap)
+        return 0;
+    Py_ssize_t cap = (b->len + extra) * 2;
+    char *grown = PyMem_Realloc(b->p, (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = grown;
+    b->cap = cap;
+    return 0;
+}
+
+static int put(Buf *b, const char *s, Py_ssize_t n) {
+    if (reserve(b, n) < 0)
+        return -1;
+    memcpy(b->p + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+enum { OK = 0, DECLINE = 1, FAIL = -1 };
+
+/* A str json writes as it is between quotes (printable ASCII, no quote, no backslash); DECLINE for any other. */
+static int put_plain(Buf *b, PyObject *s) {
+    if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s))
+        return DECLINE;
+    const unsigned char *c = PyUnicode_1BYTE_DATA(s);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (c[i] < 0x20 || c[i] > 0x7e || c[i] == '"' || c[i] == '\\')
+            return DECLINE;
+    if (reserve(b, n + 2) < 0)
+        return FAIL;
+    b->p[b->len++] = '"';
+    memcpy(b->p + b->len, c, (size_t)n);
+    b->len += n;
+    b->p[b->len++] = '"';
+    return OK;
+}
+
+/* A value as json.JSONEncoder writes it: None, bools, ints, floats (their repr), plain strs, lists and tuples of
+ * those; DECLINE for anything else (the writer's Python path encodes it, or says why it cannot). */
+static int put_value(Buf *b, PyObject *v, int depth) {
+    if (v == Py_None)
+        return put(b, "null", 4);
+    if (v == Py_True)
+        return put(b, "true", 4);
+    if (v == Py_False)
+        return put(b, "false", 5);
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+        if (reserve(b, 24) < 0)
+            return FAIL;
+        if (x < 0) {
+            b->p[b->len++] = '-';
+            b->len += put_uint(b->p + b->len, (uint64_t)0 - (uint64_t)x);
+        } else {
+            b->len += put_uint(b->p + b->len, (uint64_t)x);
+        }
+        return OK;
+    }
+    if (PyFloat_CheckExact(v)) {
+        double x = PyFloat_AS_DOUBLE(v);
+        if (isnan(x))
+            return put(b, "NaN", 3);
+        if (isinf(x))
+            return x > 0 ? put(b, "Infinity", 8) : put(b, "-Infinity", 9);
+        PyObject *r = PyObject_Repr(v);
+        if (r == NULL)
+            return FAIL;
+        int rc = put(b, (const char *)PyUnicode_1BYTE_DATA(r), PyUnicode_GET_LENGTH(r));
+        Py_DECREF(r);
+        return rc;
+    }
+    if (PyUnicode_CheckExact(v))
+        return put_plain(b, v);
+    if ((PyList_CheckExact(v) || PyTuple_CheckExact(v)) && depth < 4) {
+        PyObject *seq = v; /* borrowed items below: nothing runs Python code while they are read */
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        if (put(b, "[", 1) < 0)
+            return FAIL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i && put(b, ",", 1) < 0)
+                return FAIL;
+            int rc = put_value(b, PySequence_Fast_GET_ITEM(seq, i), depth + 1);
+            if (rc != OK)
+                return rc;
+        }
+        return put(b, "]", 1);
+    }
+    return DECLINE;
+}
+
+/* How many decimals `key`'s float takes (writer._FIXED_POINT: 7, 9, or 0 for json's repr); -1 when the map does
+ * not know the key yet (the Python path learns it). */
+static int digits_of(PyObject *fixed_map, PyObject *key) {
+    PyObject *d = PyDict_GetItemWithError(fixed_map, key);
+    if (d == NULL)
+        return -1;
+    long digits = PyLong_AsLong(d);
+    if (digits == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (int)digits;
+}
+
+/* A dict record's line, into b; DECLINE where the Python path must write it. The record's own fields in its
+ * order, its fixed-point floats (-1e15 < x < 1e15, the key's digits 7 or 9) after the rest, the shared fields'
+ * JSON (`_s`, a non-empty SharedFields) first. */
+static int record_line(Buf *b, PyObject *record, PyObject *fixed_map) {
+    if (!PyDict_CheckExact(record))
+        return DECLINE;
+    PyObject *shared = PyDict_GetItemString(record, "_s");
+    if (put(b, "{", 1) < 0)
+        return FAIL;
+    int comma = 0;
+    if (shared != NULL && PyDict_Check(shared) && PyDict_GET_SIZE(shared) > 0) {
+        PyObject *json = PyObject_GetAttrString(shared, "json");
+        if (json == NULL) {
+            PyErr_Clear();
+            return DECLINE;
+        }
+        int ascii = PyUnicode_CheckExact(json) && PyUnicode_IS_ASCII(json);
+        int rc = ascii ? put(b, (const char *)PyUnicode_1BYTE_DATA(json), PyUnicode_GET_LENGTH(json)) : DECLINE;
+        comma = ascii && PyUnicode_GET_LENGTH(json) > 0;
+        Py_DECREF(json);
+        if (rc != OK)
+            return rc;
+    }
+    for (int pass = 0; pass < 2; pass++) { /* 0: the rest, as json writes them; 1: the fixed-point floats */
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(record, &pos, &key, &value)) {
+            if (!PyUnicode_CheckExact(key))
+                return DECLINE;
+            if (PyUnicode_GET_LENGTH(key) == 2 && PyUnicode_CompareWithASCIIString(key, "_s") == 0)
+                continue;
+            int digits = 0;
+            if (PyFloat_CheckExact(value)) {
+                double x = PyFloat_AS_DOUBLE(value);
+                if (x > -1e15 && x < 1e15) {
+                    digits = digits_of(fixed_map, key);
+                    if (digits < 0)
+                        return DECLINE;
+                }
+            }
+            int fixed = digits == 7 || digits == 9;
+            if (fixed != pass)
+                continue;
+            if (comma && put(b, ",", 1) < 0)
+                return FAIL;
+            comma = 1;
+            int rc = put_plain(b, key);
+            if (rc != OK)
+                return rc;
+            if (put(b, ":", 1) < 0)
+                return FAIL;
+            if (fixed) {
+                if (reserve(b, 40) < 0)
+                    return FAIL;
+                int n = put_fixed_signed(b->p + b->len, PyFloat_AS_DOUBLE(value), digits);
+                if (n < 0)
+                    return DECLINE;
+                b->len += n;
+            } else if ((rc = put_value(b, value, 0)) != OK) {
+                return rc;
+            }
+        }
+    }
+    return put(b, "}", 1);
+}
+
+static PyObject *record_lines(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *calls, *prefixes;
+    PyObject *records, *prefixes, *fixed_map;
     double offset;
-    if (!PyArg_ParseTuple(args, "O!O!d:host_call_lines", &PyList_Type, &calls, &PyList_Type, &prefixes, &offset))
+    if (!PyArg_ParseTuple(args, "O!O!dO!:record_lines", &PyList_Type, &records, &PyList_Type, &prefixes, &offset,
+                          &PyDict_Type, &fixed_map))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(calls);
+    Py_ssize_t n = PyList_GET_SIZE(records);
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    Py_ssize_t cap = 1024;
-    char *buf = PyMem_Malloc((size_t)cap);
-    if (buf == NULL) {
+    Buf b = {PyMem_Malloc(1024), 0, 1024};
+    if (b.p == NULL) {
         Py_DECREF(out);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *line = line_of(PyList_GET_ITEM(calls, i), prefixes, offset, &buf, &cap);
+        PyObject *record = PyList_GET_ITEM(records, i), *line = NULL;
+        if (PyTuple_CheckExact(record)) {
+            line = line_of(record, prefixes, offset, &b.p, &b.cap);
+        } else {
+            b.len = 0;
+            int rc = record_line(&b, record, fixed_map);
+            if (rc == OK)
+                line = PyUnicode_DecodeASCII(b.p, b.len, NULL);
+            else if (rc == DECLINE)
+                PyErr_Clear();
+        }
         if (line == NULL) {
             if (PyErr_Occurred()) {
-                PyMem_Free(buf);
+                PyMem_Free(b.p);
                 Py_DECREF(out);
                 return NULL;
             }
@@ -202,7 +416,7 @@ static PyObject *host_call_lines(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(out, i, line);
     }
-    PyMem_Free(buf);
+    PyMem_Free(b.p);
     return out;
 }
 
@@ -224,8 +438,8 @@ static PyObject *fixed(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef METHODS[] = {
-    {"host_call_lines", host_call_lines, METH_VARARGS,
-     "host_call_lines(calls, prefixes, offset) -> list of str or None: the JSON lines of synchronous host-clock calls."},
+    {"record_lines", record_lines, METH_VARARGS,
+     "record_lines(records, prefixes, offset, fixed_map) -> list of str or None: the records' JSON lines (writer._line)."},
     {"fixed", fixed, METH_VARARGS,
      "fixed(x, digits) -> str or None: format(x, f'.{digits}f') for x in [0, 2**53), None otherwise."},
     {NULL, NULL, 0, NULL},
