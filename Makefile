@@ -80,7 +80,9 @@ test: $(STAMP) browser postgres faketime
 # torch 2.11, no network) run it with that Python: `make gpu-check GPU_PY=python3`.
 GPU_PY ?= $(BIN)/python
 gpu-check:
-	@if [ "$(GPU_PY)" = "$(BIN)/python" ]; then $(MAKE) --no-print-directory venv; fi
+	@if [ "$(GPU_PY)" = "$(BIN)/python" ]; then $(MAKE) --no-print-directory venv; \
+	else $(GPU_PY) setup.py -q build_ext --inplace >/dev/null 2>&1 \
+	  || echo "gpu-check: the C extensions did not build for $(GPU_PY): Python's record writer and trace scanner run"; fi
 	PYTHONPATH=$(CURDIR)/src:$(CURDIR)/tests$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:

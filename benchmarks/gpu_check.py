@@ -52,8 +52,12 @@ def _run(cmd: list[str], *, timeout: float, env: dict[str, str] | None = None) -
 def _env() -> dict[str, Any]:
     import torch
 
+    from torsh_tune.analysis.traces._parser import SCANNER
+    from torsh_tune.profiler.writer import _c_record_lines
+
     out: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
-                           "cuda": torch.cuda.is_available()}
+                           "cuda": torch.cuda.is_available(), "record_writer": "python" if _c_record_lines is None else "c",
+                           "trace_scanner": SCANNER}
     if out["cuda"]:
         out.update(gpu=torch.cuda.get_device_name(0), cuda_runtime=torch.version.cuda, num_gpus=torch.cuda.device_count(),
                    nccl=".".join(map(str, torch.cuda.nccl.version())))

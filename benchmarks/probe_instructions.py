@@ -32,7 +32,7 @@ probes' Python runs at the rate of the step it sits in.
     .venv/bin/python benchmarks/probe_instructions.py --steps 100 --sizes 4,32
     .venv/bin/python benchmarks/probe_instructions.py --workload fsdp2 --steps 20 --sizes 2,10
 
-`--python-writer` has the torsh arm write its host calls' lines in Python, as where the C writer
+`--python-writer` has the torsh arm write its record lines in Python, as where the C writer
 (`profiler/_lines.c`) is not built. Prints a table and one JSON line. Needs valgrind (Debian's package).
 """
 
@@ -74,7 +74,7 @@ def child(workload: str, arm: str, size: int, steps: int, out: Path, timed: bool
     import probe_cost
 
     torch.set_num_threads(1)
-    if os.environ.get(_PYTHON_WRITER):  # the host calls' lines written by `writer._line`, as without the C writer
+    if os.environ.get(_PYTHON_WRITER):  # the record lines written by `writer._line`, as without the C writer
         import torsh_tune.profiler.writer as writer
 
         writer._c_record_lines = None
@@ -161,7 +161,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2, help="valgrind runs side by side (counts do not depend on it)")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's callgrind output in this folder")
     p.add_argument("--python-writer", action="store_true",
-                   help="the torsh arm writes its host calls' lines in Python (profiler/_lines.c left out), to compare")
+                   help="the torsh arm writes its record lines in Python (profiler/_lines.c left out), to compare")
     p.add_argument("--child", choices=("bare", "torsh"))
     p.add_argument("--size", type=int, default=4)
     p.add_argument("--out", type=Path)
@@ -210,7 +210,7 @@ def main() -> None:
     print(f"fit: {fit['per_step_instr']:,.0f} instr per step + {fit['per_collective_instr']:,.0f} instr per collective"
           f" = ~{fit['per_step_us']:.1f} us per step + ~{fit['per_collective_us']:.2f} us per collective "
           f"at {rate:.3f} ns per instruction (targets {TARGET_STEP_US:.0f} us + {TARGET_COLLECTIVE_US:.0f} us)")
-    print(f"host calls' lines written in {'C (profiler/_lines.c)' if writer_kind == 'c' else 'Python'}")
+    print(f"record lines written in {'C (profiler/_lines.c)' if writer_kind == 'c' else 'Python'}")
     print(json.dumps({"benchmark": "probe_instructions", "workload": args.workload, "writer": writer_kind,
                       "steps": n, "warmup": WARMUP,
                       "sizes": sizes, "rows": rows, "fit": fit, "seconds": round(time.time() - t0, 1),

@@ -1,23 +1,26 @@
 /*
- * torsh_tune.profiler._lines: the JSON lines of synchronous host-clock collectives, written in C.
+ * torsh_tune.profiler._lines: the record writer's lines, written in C.
  *
- * `host_call_lines(calls, prefixes, offset)` turns the tuples the c10d capture keeps for each
- * synchronous host-clock call, (call site, step, seq, bytes, perf_counter at issue, at return),
- * into the lines `profiler.writer._line` writes for them, character for character:
+ * `record_lines(records, prefixes, offset, fixed_map)` gives, for each queued record, the line
+ * `profiler.writer._line` writes for it, character for character, or None where it cannot be
+ * sure of that (the writer's Python path then writes that one, or says why it cannot):
  *
+ * - a synchronous host-clock call the c10d capture kept as a tuple, (call site, step, seq, bytes,
+ *   perf_counter at issue, at return), is
  *   PREFIX"step":S,"seq":Q,"bytes":B,"wire_bytes":B,"t_issue":T0,"blocked_s":D,"duration_s":D,"t_complete":T1}
+ *   with PREFIX `prefixes[site]` (`SharedFields.prefix`), T0 and T1 `t + offset` with 7 decimals
+ *   and D = t1 - t0 with 9;
+ * - a dict record is its shared fields' JSON (`_s`, a non-empty SharedFields: its `json`), then
+ *   its own fields in order as json.JSONEncoder(separators=(",", ":")) writes them (None, bools,
+ *   ints, float reprs, NaN and Infinity, strs of printable ASCII without quote or backslash, lists
+ *   and tuples of those), and after them its floats in fixed point: those with -1e15 < x < 1e15
+ *   whose key `fixed_map` (writer._FIXED_POINT) gives 7 or 9 decimals. A key `fixed_map` does not
+ *   know yet, a str to escape, a nested dict, an int beyond 64 bits: None.
  *
- * PREFIX is `prefixes[site]` (the call site's shared fields, `SharedFields.prefix`), T0 and T1
- * are `t + offset` in fixed point with 7 decimals and D = t1 - t0 with 9, each the correctly
- * rounded decimal of the binary value (round half to even), as Python's `format(x, ".7f")`.
- * A float turned into text in CPython goes through dtoa's big-number path for a 17-digit Unix
- * time: two of them were ~10 k of the ~38 k instructions the probes cost per collective
- * (benchmarks/probe_instructions.py). Here a fixed-point number is exact integer arithmetic on
- * the double's mantissa.
- *
- * Returns a list with one str per call. An entry is None where the tuple is not what the
- * capture writes (another type, a negative, non-finite or huge number, a site out of range):
- * the writer formats that one in Python, which says what is wrong with it. No state.
+ * Fixed point is the correctly rounded decimal of the binary value (round half to even), as
+ * Python's `format(x, ".7f")`, by exact integer arithmetic on the double's mantissa. In CPython a
+ * float turned into text goes through dtoa's big-number path for a 17-digit Unix time, and a
+ * step record's ~15 of them with its dict walk cost ~8 us; here ~1 us (BENCHMARKS.md). No state.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
