@@ -118,11 +118,12 @@ def _exchange_clocks(rt: "RankRuntime", when: str) -> None:
     key = "clock_sync" if when == "start" else "clock_sync_end"
     # At the end rank 0 answers the nodes that answered at start-up (the others made no exchange then either).
     peers = rt.meta["clock_sync"].get("answered") if when == "end" and env.rank == 0 else None
-    # Every rank inits and destroys its groups in the same order: the count names the exchange alike on all.
+    # Every rank inits and destroys its groups in the same order: the count names the exchange alike on all (and
+    # torchrun's restart count keeps a restarted job's keys apart from the last attempt's on a store that outlived it).
     rt.clock_exchanges += 1
+    tag = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}.{rt.clock_exchanges}"
     try:
-        rt.meta[key] = exchange_with_rank0(c10d._get_default_store(), env.node_rank, nnodes,
-                                           tag=str(rt.clock_exchanges), peers=peers)
+        rt.meta[key] = exchange_with_rank0(c10d._get_default_store(), env.node_rank, nnodes, tag=tag, peers=peers)
     except Exception as exc:  # noqa: BLE001 - the run goes on; its hosts' clocks are then read from the collectives only
         rt.note(f"hosts' clocks: the {when} exchange with rank 0 failed ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''})")
