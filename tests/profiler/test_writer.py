@@ -195,6 +195,7 @@ def test_the_c_writer_is_built_and_writes_every_record_as_python_does_character_
     # What the C writer turns down the Python one writes: an int time, a bool, a negative duration (a clock that
     # went back), NaN
     records += [(0, 1, 2, 3, 5, 6.0), (0, True, 2, 3, 5.0, 6.0), (1, 1, 2, 3, 7.0, 6.5), (2, 1, 2, 3, 7.0, float("nan"))]
+    records.append((0, 2**63 - 1, 2**63 - 1, 2**63 - 1, 4e15, 4e15 + 0.5))  # the longest line the C writer writes
 
     def written(c_writer) -> list[str]:
         monkeypatch.setattr(writer_module, "_c_record_lines", c_writer)
@@ -211,7 +212,7 @@ def test_the_c_writer_is_built_and_writes_every_record_as_python_does_character_
     declined = sum(line is None for line in c_writer(
         records, [site[0].prefix for site in sites], writer_module._OFFSET, writer_module._FIXED_POINT))
     assert 0 < declined < len(records) / 4  # most records written in C; what it cannot write exactly, in Python
-    assert json.loads(c_lines[-2])["duration_s"] == -0.5
+    assert json.loads(c_lines[-3])["duration_s"] == -0.5 and len(c_lines[-1]) > 256
 
 
 def test_the_c_fixed_point_is_pythons_correctly_rounded_format():

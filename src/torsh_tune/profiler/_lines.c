@@ -151,7 +151,7 @@ static PyObject *line_of(PyObject *call, PyObject *prefixes, double offset, char
     if (!PyUnicode_Check(prefix) || !PyUnicode_IS_ASCII(prefix))
         return NULL;
     Py_ssize_t plen = PyUnicode_GET_LENGTH(prefix);
-    Py_ssize_t need = plen + 256; /* the fields' names and 8 numbers of at most 24 characters each */
+    Py_ssize_t need = plen + 512; /* the fields' names (~90) and 8 numbers of at most 27 characters each */
     if (need > *cap) {
         char *grown = PyMem_Realloc(*buf, (size_t)need);
         if (grown == NULL) {
