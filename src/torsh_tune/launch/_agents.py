@@ -64,9 +64,10 @@ def _exit_status(code: int) -> int:
 
 def _node_env(node: int, clock_skew_s: float, clock_drift_ppm: float = 0.0) -> dict[str, str] | None:
     """Node `node`'s environment: with a clock skew or drift, libfaketime preloaded to run its clocks node x
-    clock_skew_s ahead and node x clock_drift_ppm fast (from each process's start). The monotonic clock moves with the realtime one (libfaketime's default): with it left alone
-    (`FAKETIME_DONT_FAKE_MONOTONIC`) libfaketime 0.9.10 fails every `time.sleep` with EINVAL. Intervals on it
-    stay true; only what a node's clocks read against another node's changes."""
+    clock_skew_s ahead and node x clock_drift_ppm fast (from each process's start). The monotonic clock moves
+    with the realtime one (libfaketime's default): with it left alone (`FAKETIME_DONT_FAKE_MONOTONIC`)
+    libfaketime 0.9.10 fails every `time.sleep` with EINVAL. Without a drift, intervals on it stay true and
+    only what a node's clocks read against another node's changes; with one, they run long by its rate."""
     if not (clock_skew_s or clock_drift_ppm) or node == 0:
         return None
     library = faketime_library()
@@ -129,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         p.error("a torchrun command after -- is required")
-    return _run_agents(args.prefix, args.nodes, cmd, clock_skew_s=args.clock_skew_s, clock_drift_ppm=args.clock_drift_ppm)
+    return _run_agents(args.prefix, args.nodes, cmd, clock_skew_s=args.clock_skew_s,
+                       clock_drift_ppm=args.clock_drift_ppm)
 
 
 if __name__ == "__main__":

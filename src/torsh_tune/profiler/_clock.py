@@ -5,7 +5,7 @@ gives sub-microsecond deltas. The offset is taken once per process: later, the t
 whenever the system's realtime clock is stepped (NTP or PTP corrections, a VM resumed), and a
 time another component read from the realtime clock (DDP's reducer timers) is brought onto
 this one with `realtime_minus_now()` at the moment it is read. Hosts' clocks differ by what NTP or
-PTP leaves; `exchange_with_rank0` measures each host's against rank 0's at start-up.
+PTP leaves; `exchange_with_rank0` measures each host's against rank 0's at start-up and at the end.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def realtime_minus_now(tries: int = 3) -> float:
     return best
 
 
-#: Round trips per host in the start-up exchange (`exchange_with_rank0`); the one with the least round trip wins.
+#: Round trips per host in an exchange (`exchange_with_rank0`); the one with the least round trip wins.
 EXCHANGE_ROUNDS = 16
 
 
@@ -52,9 +52,9 @@ def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, tag: str = "
                         rounds: int = EXCHANGE_ROUNDS, timeout_s: float = 10.0) -> dict[str, Any]:
     """How far this host's clock (`now()`) is ahead of rank 0's, by ping-pong with rank 0 (NTP's estimate).
 
-    Called by one rank per host (local rank 0) right after the process group is up: rank 0
-    (node 0) answers each other host in turn, `rounds` times, with its clock's reading as the
-    ping arrives; a host takes, from the round with the least round trip, the midpoint of its own
+    Called by one rank per host (local rank 0) right after the process group is up and again as it
+    is destroyed (`runtime.patches`): rank 0 (node 0) answers each other host in turn, `rounds`
+    times, with its clock's reading as the ping arrives; a host takes, from the round with the least round trip, the midpoint of its own
     send and receive minus that reading. Its error is at most half that round trip, whatever the
     two directions' delays. A two-rank gloo group per host pair, built on the job's store under a
     key prefix of its own (`tag`: one per exchange, the same on every rank) and never registered

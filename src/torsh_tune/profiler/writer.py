@@ -11,7 +11,7 @@ from typing import Any, Callable
 from ..rundir import RunDir
 from ._clock import offset as _clock_offset
 
-try:  # the records' lines, the same characters as `_line` writes, 7-20x cheaper (setup.py)
+try:  # the records' lines, the same characters as `_line` writes, 6-8x cheaper (setup.py)
     from ._lines import record_lines as _c_record_lines
 except ImportError:  # not built (no C compiler, another Python): `_line` writes them
     _c_record_lines = None
