@@ -260,6 +260,7 @@ def test_a_first_step_gradscaler_skips_still_finds_the_forward_to_probe_and_eval
 def test_init_process_group_gets_the_resolved_backend_and_the_runs_timeout(installed):
     out, _, _, meta, _ = installed
     assert (meta["backend"], meta["backend_requested"]) == ("gloo", None)
+    assert meta["record_writer"] == "c"  # profiler/_lines.c, built by `make venv`
     assert out["timeout_s"] == CONFIG["strategy"]["distributed"]["timeout_s"]
 
 

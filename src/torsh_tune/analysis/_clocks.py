@@ -130,7 +130,7 @@ def _exchanged(meta: dict[int, dict[str, Any]], host_of: dict[int, str]) -> dict
     def numbers(sync: Any) -> tuple[float, float, float] | None:
         if not isinstance(sync, dict):
             return None
-        values = (sync.get("ahead_s"), sync.get("rtt_s"), sync.get("t", 0.0))
+        values = (sync.get("ahead_s"), sync.get("rtt_s"), sync.get("t"))
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and np.isfinite(values).all():
             return float(values[0]), float(values[1]), float(values[2])
         return None
@@ -217,6 +217,8 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
         if o["exchange_offset_s"] is not None:
             evidence.append(f"start-up exchange with rank 0 {o['exchange_offset_s'] * 1e3:.3f} ms, within "
                             f"± {o['exchange_rtt_s'] * 1e3 / 2:.3f} ms")
+        else:  # its leader made none (a run from before the exchanges) or it failed: its meta.json notes say why
+            evidence.append("no exchange with rank 0 on record")
         if o["exchange_end_offset_s"] is not None:
             evidence.append(f"at the end {o['exchange_end_offset_s'] * 1e3:.3f} ms, within "
                             f"± {o['exchange_end_rtt_s'] * 1e3 / 2:.3f} ms")

@@ -125,77 +125,7 @@ static int as_time(PyObject *v, double *out) {
     return isfinite(*out) ? 0 : -1;
 }
 
-static const char K_STEP[] = "\"step\":", K_SEQ[] = ",\"seq\":", K_BYTES[] = ",\"bytes\":",
-                  K_WIRE[] = ",\"wire_bytes\":", K_ISSUE[] = ",\"t_issue\":", K_BLOCKED[] = ",\"blocked_s\":",
-                  K_DURATION[] = ",\"duration_s\":", K_COMPLETE[] = ",\"t_complete\":";
-
-#define PUT(lit)                                  \
-    do {                                          \
-        memcpy(p, lit, sizeof(lit) - 1);          \
-        p += sizeof(lit) - 1;                     \
-    } while (0)
-
-/* One call's line, or NULL with no error set when the tuple is not the capture's (None for the caller). */
-static PyObject *line_of(PyObject *call, PyObject *prefixes, double offset, char **buf, Py_ssize_t *cap) {
-    if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 6)
-        return NULL;
-    long long site = as_count(PyTuple_GET_ITEM(call, 0));
-    long long step = as_count(PyTuple_GET_ITEM(call, 1));
-    long long seq = as_count(PyTuple_GET_ITEM(call, 2));
-    long long nbytes = as_count(PyTuple_GET_ITEM(call, 3));
-    double t0, t1;
-    if (site < 0 || step < 0 || seq < 0 || nbytes < 0 || site >= PyList_GET_SIZE(prefixes) ||
-        as_time(PyTuple_GET_ITEM(call, 4), &t0) || as_time(PyTuple_GET_ITEM(call, 5), &t1))
-        return NULL;
-    PyObject *prefix = PyList_GET_ITEM(prefixes, site);
-    if (!PyUnicode_Check(prefix) || !PyUnicode_IS_ASCII(prefix))
-        return NULL;
-    Py_ssize_t plen = PyUnicode_GET_LENGTH(prefix);
-    Py_ssize_t need = plen + 512; /* the fields' names (~90) and 8 numbers of at most 27 characters each */
-    if (need > *cap) {
-        char *grown = PyMem_Realloc(*buf, (size_t)need);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        *buf = grown;
-        *cap = need;
-    }
-    char *p = *buf;
-    memcpy(p, PyUnicode_DATA(prefix), (size_t)plen);
-    p += plen;
-    char d[40];
-    int dn = put_fixed(d, t1 - t0, 9);
-    PUT(K_STEP);
-    p += put_uint(p, (uint64_t)step);
-    PUT(K_SEQ);
-    p += put_uint(p, (uint64_t)seq);
-    PUT(K_BYTES);
-    p += put_uint(p, (uint64_t)nbytes);
-    PUT(K_WIRE);
-    p += put_uint(p, (uint64_t)nbytes);
-    PUT(K_ISSUE);
-    int n = put_fixed(p, t0 + offset, 7);
-    if (n < 0 || dn < 0)
-        return NULL;
-    p += n;
-    PUT(K_BLOCKED);
-    memcpy(p, d, (size_t)dn);
-    p += dn;
-    PUT(K_DURATION);
-    memcpy(p, d, (size_t)dn);
-    p += dn;
-    PUT(K_COMPLETE);
-    n = put_fixed(p, t1 + offset, 7);
-    if (n < 0)
-        return NULL;
-    p += n;
-    *p++ = '}';
-    return PyUnicode_DecodeASCII(*buf, p - *buf, NULL);
-}
-
-/* -- any other record (a dict): what writer._encode_record and _line write ----------------------- */
-
+/* A growable byte buffer: each line is written at its start. */
 typedef struct {
     char *p;
     Py_ssize_t len, cap;
@@ -224,6 +154,70 @@ static int put(Buf *b, const char *s, Py_ssize_t n) {
 }
 
 enum { OK = 0, DECLINE = 1, FAIL = -1 };
+
+static const char K_STEP[] = "\"step\":", K_SEQ[] = ",\"seq\":", K_BYTES[] = ",\"bytes\":",
+                  K_WIRE[] = ",\"wire_bytes\":", K_ISSUE[] = ",\"t_issue\":", K_BLOCKED[] = ",\"blocked_s\":",
+                  K_DURATION[] = ",\"duration_s\":", K_COMPLETE[] = ",\"t_complete\":";
+
+#define PUT(lit)                                  \
+    do {                                          \
+        memcpy(p, lit, sizeof(lit) - 1);          \
+        p += sizeof(lit) - 1;                     \
+    } while (0)
+
+/* A host call's line, into b; DECLINE where the tuple is not the capture's (the Python path writes it). */
+static int call_line(Buf *b, PyObject *call, PyObject *prefixes, double offset) {
+    if (!PyTuple_CheckExact(call) || PyTuple_GET_SIZE(call) != 6)
+        return DECLINE;
+    long long site = as_count(PyTuple_GET_ITEM(call, 0));
+    long long step = as_count(PyTuple_GET_ITEM(call, 1));
+    long long seq = as_count(PyTuple_GET_ITEM(call, 2));
+    long long nbytes = as_count(PyTuple_GET_ITEM(call, 3));
+    double t0, t1;
+    if (site < 0 || step < 0 || seq < 0 || nbytes < 0 || site >= PyList_GET_SIZE(prefixes) ||
+        as_time(PyTuple_GET_ITEM(call, 4), &t0) || as_time(PyTuple_GET_ITEM(call, 5), &t1))
+        return DECLINE;
+    PyObject *prefix = PyList_GET_ITEM(prefixes, site);
+    if (!PyUnicode_Check(prefix) || !PyUnicode_IS_ASCII(prefix))
+        return DECLINE;
+    Py_ssize_t plen = PyUnicode_GET_LENGTH(prefix);
+    if (reserve(b, plen + 512) < 0) /* the fields' names (~90) and 8 numbers of at most 27 characters each */
+        return FAIL;
+    char *p = b->p + b->len;
+    memcpy(p, PyUnicode_DATA(prefix), (size_t)plen);
+    p += plen;
+    char d[40];
+    int dn = put_fixed(d, t1 - t0, 9);
+    PUT(K_STEP);
+    p += put_uint(p, (uint64_t)step);
+    PUT(K_SEQ);
+    p += put_uint(p, (uint64_t)seq);
+    PUT(K_BYTES);
+    p += put_uint(p, (uint64_t)nbytes);
+    PUT(K_WIRE);
+    p += put_uint(p, (uint64_t)nbytes);
+    PUT(K_ISSUE);
+    int n = put_fixed(p, t0 + offset, 7);
+    if (n < 0 || dn < 0)
+        return DECLINE;
+    p += n;
+    PUT(K_BLOCKED);
+    memcpy(p, d, (size_t)dn);
+    p += dn;
+    PUT(K_DURATION);
+    memcpy(p, d, (size_t)dn);
+    p += dn;
+    PUT(K_COMPLETE);
+    n = put_fixed(p, t1 + offset, 7);
+    if (n < 0)
+        return DECLINE;
+    p += n;
+    *p++ = '}';
+    b->len = p - b->p;
+    return OK;
+}
+
+/* -- any other record (a dict): what writer._encode_record and _line write ----------------------- */
 
 /* A str json writes as it is between quotes (printable ASCII, no quote, no backslash); DECLINE for any other. */
 static int put_plain(Buf *b, PyObject *s) {
@@ -398,24 +392,15 @@ static PyObject *record_lines(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *record = PyList_GET_ITEM(records, i), *line = NULL;
-        if (PyTuple_CheckExact(record)) {
-            line = line_of(record, prefixes, offset, &b.p, &b.cap);
-        } else {
-            b.len = 0;
-            int rc = record_line(&b, record, fixed_map);
-            if (rc == OK)
-                line = PyUnicode_DecodeASCII(b.p, b.len, NULL);
-            else if (rc == DECLINE)
-                PyErr_Clear();
-        }
+        PyObject *record = PyList_GET_ITEM(records, i), *line;
+        b.len = 0;
+        int rc = PyTuple_CheckExact(record) ? call_line(&b, record, prefixes, offset)
+                                            : record_line(&b, record, fixed_map);
+        line = rc == OK ? PyUnicode_DecodeASCII(b.p, b.len, NULL) : rc == DECLINE ? Py_NewRef(Py_None) : NULL;
         if (line == NULL) {
-            if (PyErr_Occurred()) {
-                PyMem_Free(b.p);
-                Py_DECREF(out);
-                return NULL;
-            }
-            line = Py_NewRef(Py_None);
+            PyMem_Free(b.p);
+            Py_DECREF(out);
+            return NULL;
         }
         PyList_SET_ITEM(out, i, line);
     }
