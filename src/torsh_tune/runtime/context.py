@@ -464,8 +464,9 @@ class RankRuntime:
         if self._fwd is not None:  # the last forward raised before its post hook: close its annotation
             TraceWindows.end_annotation(self._fwd[3])
         self._eval = None  # an evaluation forward that raised before its post hook
-        scope = traces.annotate("forward") if traces is not None and traces.recording else None
-        self._fwd = (_perf() + _OFF, events.record() if events is not None else None, batch, scope)
+        t0 = _perf() + _OFF
+        ev0 = events.record() if events is not None else None
+        self._fwd = (t0, ev0, batch, traces.annotate("forward") if traces is not None and traces.recording else None)
 
     def forward_post_hook(self, module: Any, args: Any, output: Any) -> None:
         if traced() or flags._is_compiling_flag:
@@ -477,10 +478,10 @@ class RankRuntime:
         t0, ev0, batch, scope = self._fwd
         self._fwd = None
         tracker = self.tracker
-        ev1 = tracker.device_events.record() if ev0 is not None else None
-        t1 = _perf() + _OFF
         if scope is not None:
             TraceWindows.end_annotation(scope)
+        ev1 = tracker.device_events.record() if ev0 is not None else None
+        t1 = _perf() + _OFF
         if tracker.idle:
             tracker.mark_activity(t0)
         tracker.phases.append(("forward", t0, t1, batch, (ev0, ev1) if ev0 is not None else None))

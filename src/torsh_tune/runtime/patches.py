@@ -464,15 +464,15 @@ def _patch_backward(rt: "RankRuntime") -> None:
         if traces is not None and traces.pending is not None:  # a compiled optimizer step's boundary
             traces.run_pending()
         events = tracker.device_events
-        scope = traces.annotate("backward") if traces is not None and traces.recording else None
         ev0 = events.record() if events is not None else None
         t0 = perf()
+        scope = traces.annotate("backward") if traces is not None and traces.recording else None
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            t1 = perf()
             if scope is not None:
                 TraceWindows.end_annotation(scope)
+            t1 = perf()
             # The loss is kept (detached) only on the steps that read it. On CUDA it is copied to pinned
             # host memory on the stream now: read once the step's events completed, it needs no sync.
             keep = tracker.loss_due and isinstance(loss_of, torch.Tensor) and loss_of.dim() == 0
@@ -559,14 +559,14 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
             state["seen"] = True
             _first_optimizer_step(rt, optimizer)
         events = tracker.device_events
+        state["ev0"] = events.record() if events is not None else None
+        state["t0"] = perf() + off
         if traces is not None and traces.recording and state["scope"] is None:
             # From a compiled graph's op a span would outlive the op's own profiler event: two marks instead.
             if not compiled:
                 state["scope"] = traces.annotate("optimizer")
             elif traces.mark("optimizer.begin"):
                 state["scope"] = _MARKED
-        state["ev0"] = events.record() if events is not None else None
-        state["t0"] = perf() + off
 
     def post(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any, compiled: bool = False) -> None:
         if traced():
@@ -579,15 +579,15 @@ def _install_optimizer_hooks(rt: "RankRuntime") -> None:
             state["nested"] -= 1
             return
         state["outer"] = None
-        t1 = perf() + off
-        ev0 = state["ev0"]
-        ev1 = tracker.device_events.record() if ev0 is not None else None
         if state["scope"] is not None:  # closed before the step boundary, which may end the window
             if state["scope"] is _MARKED:
                 traces.mark("optimizer.end")
             else:
                 TraceWindows.end_annotation(state["scope"])
             state["scope"] = None
+        t1 = perf() + off
+        ev0 = state["ev0"]
+        ev1 = tracker.device_events.record() if ev0 is not None else None
         tracker.phases.append(("optimizer", state["t0"], t1, None, (ev0, ev1) if ev0 is not None else None))
         # With several optimizers (a GAN), the first one to step marks the step boundary.
         if state["owner"] is None:
