@@ -15,7 +15,9 @@ compute share          (forward + backward compute + optimizer) /      the phase
                        step time (`phase_frame`)                       their kernels) less the comm exposed in
                                                                        them (`phase_table`); busy time and the
                                                                        compute outside the phases beside it
-communication share    ``comm_s`` / step time                          ``comm_s`` / span (`comm_overlap`)
+communication share    ``comm_s`` / step time                          ``comm_s`` / span (`comm_overlap`; on a
+                                                                       CPU the time collectives were in flight,
+                                                                       queued for a gloo worker included)
 exposed comm share     ``exposed_comm_s`` / step time                  ``exposed_comm_s`` / span (`comm_overlap`)
 =====================  ==============================================  ==========================================
 

@@ -85,3 +85,29 @@ def test_the_wait_for_a_single_bucket_ends_where_the_reducer_resumes(tmp_path):
     assert list(zip(tl.start_us[gloo], tl.end_us[gloo])) == [(1660, 4030)]  # its first copy, not the last's end
     wait = tl.name_id == traces.symbols.id_of(MAIN_THREAD_WAIT)
     assert list(zip(tl.start_us[wait], tl.end_us[wait])) == [(1650, 4000)]
+
+
+def test_a_bucket_its_worker_started_after_the_first_copy_still_ends_with_the_copies(tmp_path):
+    """Compiled DDP's last bucket on a busy host: issued at 1800, its worker not scheduled until 2510, after
+    the reducer's copy of the first bucket (2500); the span closes late (9000). The reducer's last copy
+    (2600-2630) used its result: it ends there. Its queued time (1850-2510) is in flight, not exposed."""
+    ev = [_x("ProfilerStep#3", 0, 10_000, cat="user_annotation"),
+          _x("autograd::engine::evaluate_function: AddmmBackward0", 1000, 500), _x("aten::mm", 1010, 480),
+          _x("c10d::allreduce_", 1600, 50), _gloo(1660, 2400 - 1660),
+          _x("aten::mm", 1660, 130), _x("c10d::allreduce_", 1800, 50), _gloo(2510, 9000 - 2510),
+          _x(COPY, 2500, 20), _x("aten::copy_", 2501, 18), _x(COPY, 2600, 30), _x("aten::copy_", 2601, 28)]
+    meta = {"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 2}}
+    (tmp_path / "rank-0.json").write_text(json.dumps({**meta, "traceEvents": ev}))
+    from torsh_tune.analysis.traces import analyze_traces
+
+    a = analyze_traces(tmp_path, exclude_last_step=False)
+    coll = a.tables["collectives"]
+    assert sorted(zip(coll["issue_us"].tolist(), coll["start_us"].tolist(), coll["end_us"].tolist())) == [
+        (1600, 1660, 2400), (1800, 2510, 2630)]
+    tl = a.timelines[0]
+    assert sorted(zip(*(x.tolist() for x in tl.queued_us))) == [(1600, 1660), (1800, 2510)]
+    overlap = a.tables["overlap"].rows()[0]
+    assert overlap["comm_s"] * 1e6 == 2630 - 1600  # in flight from the first issue to the last copy
+    # Exposed: the issuing calls, the worker spans and the thread's wait (1850-2500) less the operators under
+    # them (1660-1790, 2510-2520, 2600-2630): 50 + (1660-2500) + (2510-2630) - 170. Not the queued time.
+    assert overlap["exposed_comm_s"] * 1e6 == 50 + 840 + 120 - 170

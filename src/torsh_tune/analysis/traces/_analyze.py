@@ -19,7 +19,7 @@ from ._idle import IDLE_CAUSES, idle_by_stream, idle_causes, idle_segments
 from ._model import TraceSet, load_traces
 from ._phases import phase_table
 from ._table import Table
-from ._timeline import CommPatterns, Timeline, rank_timeline
+from ._timeline import CommPatterns, Timeline, rank_timeline, with_queues
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,10 +129,11 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     patterns = patterns or CommPatterns()
     timelines = {r: rank_timeline(rt, traces.symbols, patterns, exclude_last_step=exclude_last_step,
                                   hta_rounding=hta_rounding) for r, rt in traces.ranks.items()}
+    per_rank = {r: rank_collectives(rt, traces.symbols, patterns) for r, rt in traces.ranks.items()}
+    timelines = {r: with_queues(tl, per_rank[r]["issue_us"], per_rank[r]["start_us"]) for r, tl in timelines.items()}
     breakdown = temporal_breakdown(timelines)
     overlap = comm_overlap(timelines)
-    coll = Table.concat([rank_collectives(rt, traces.symbols, patterns) for rt in traces.ranks.values()],
-                        COLLECTIVE_COLUMNS)
+    coll = Table.concat(list(per_rank.values()), COLLECTIVE_COLUMNS)
     coll = collective_timing(coll)
     strag = stragglers(coll)
     steps = step_table(traces, timelines)

@@ -7,7 +7,7 @@ import numpy as np
 from . import _intervals as iv
 from ._symbols import SymbolTable
 from ._table import Table, strings
-from ._timeline import COMMUNICATION, KIND_NAMES, Timeline
+from ._timeline import KIND_NAMES, Timeline
 
 __all__ = ["comm_overlap", "temporal_breakdown", "top_kernels"]
 
@@ -48,7 +48,10 @@ def comm_overlap(timelines: dict[int, Timeline]) -> Table:
 
     overlap_pct = |comm ∩ compute| / |comm| (HTA's comp/comm overlap); exposed_comm_s =
     |comm| − |comm ∩ compute|, the communication nothing hides: an upper bound on what
-    faster or better-overlapped communication can save per profiled span.
+    faster or better-overlapped communication can save per profiled span. On a CPU, comm_s is
+    the time a collective was in flight (`Timeline.in_flight_intervals`: from its issue, queued
+    for a gloo worker included); the queued time is never exposed (no thread waited in it, a
+    wait is its own entry) and counts as overlapped.
 
     Returns:
         One row per rank: rank, device, comm_s, compute_s, overlapped_s, exposed_comm_s,
@@ -57,12 +60,11 @@ def comm_overlap(timelines: dict[int, Timeline]) -> Table:
     rows = []
     for rank, tl in timelines.items():
         lo, hi = tl.window_us
-        comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
-        comp = tl.compute_intervals()
+        comm, flight, comp = tl.comm_intervals(), tl.in_flight_intervals(), tl.compute_intervals()
         if tl.device == "cpu":
-            comm, comp = iv.clip(*comm, lo, hi), iv.clip(*comp, lo, hi)
-        comm_t, comp_t = iv.total(*comm), iv.total(*comp)
-        both = iv.overlap(comm, comp)
+            comm, flight, comp = iv.clip(*comm, lo, hi), iv.clip(*flight, lo, hi), iv.clip(*comp, lo, hi)
+        comp_t, comm_t = iv.total(*comp), iv.total(*flight)
+        both = comm_t - (iv.total(*comm) - iv.overlap(comm, comp))
         span = hi - lo
         rows.append({"rank": rank, "device": tl.device, "comm_s": comm_t / 1e6, "compute_s": comp_t / 1e6,
                      "overlapped_s": both / 1e6, "exposed_comm_s": (comm_t - both) / 1e6,

@@ -8,13 +8,14 @@ from . import _intervals as iv
 from ._model import TraceSet
 from ._phases import phase_compute_intervals
 from ._table import Table
-from ._timeline import COMMUNICATION, Timeline, step_spans
+from ._timeline import Timeline, step_spans
 
 __all__ = ["counterfactuals", "device_step_spans", "step_table"]
 
 
 def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
-    """One row per (rank, ProfilerStep): step_s, comm_s and exposed_comm_s inside it.
+    """One row per (rank, ProfilerStep): step_s, comm_s and exposed_comm_s inside it (as `comm_overlap`
+    reads them: on a CPU, comm_s is the time collectives were in flight).
 
     ``step_s`` is the ``ProfilerStep#`` span (host clock). What is inside a step is read on the
     timeline's clock: on a CPU, the host span itself; on a GPU, the device time the step's kernels
@@ -33,7 +34,7 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
     rows = []
     for rank, rt in traces.ranks.items():
         tl = timelines[rank]
-        comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
+        comm, flight = tl.comm_intervals(), tl.in_flight_intervals()
         # The compute `comm_overlap` counts (on CPU, not the main thread's waits for collectives inside an
         # enclosing operator): each step's exposed comm then sums to the window's.
         comp = tl.compute_intervals()
@@ -53,7 +54,7 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
                 continue
             c = iv.clip(*comm, start, end)
             p = iv.clip(*comp, start, end)
-            comm_t = iv.total(*c)
+            comm_t = iv.total(*iv.clip(*flight, start, end))
             phase_compute = float("nan")
             if phases is not None:
                 _, union, exposed = phases
@@ -61,7 +62,7 @@ def step_table(traces: TraceSet, timelines: dict[int, Timeline]) -> Table:
                 phase_compute = (iv.total(*u) - iv.overlap(u, iv.clip(*exposed, start, end))) / 1e6
             rows.append({"rank": rank, "step": step, "start_us": h0, "step_s": (h1 - h0) / 1e6,
                          "device_step_s": device_s, "comm_s": comm_t / 1e6,
-                         "exposed_comm_s": (comm_t - iv.overlap(c, p)) / 1e6, "phase_compute_s": phase_compute})
+                         "exposed_comm_s": (iv.total(*c) - iv.overlap(c, p)) / 1e6, "phase_compute_s": phase_compute})
     return Table.from_rows(rows, ["rank", "step", "start_us", "step_s", "device_step_s", "comm_s", "exposed_comm_s",
                                   "phase_compute_s"])
 

@@ -7,7 +7,7 @@ name matches a NCCL kernel pattern, memory = memcpy/memset, computation = the re
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,6 +98,8 @@ class Timeline:
     # inside an operator that counts as computation (DDP's all-reduce inside autograd's AccumulateGrad,
     # FSDP's waits inside its post-backward): that time is not compute.
     main_comm_us: tuple[np.ndarray, np.ndarray] | None = None
+    # CPU only: each collective from its issuing call to the start of its worker's span (`with_queues`).
+    queued_us: tuple[np.ndarray, np.ndarray] | None = None
 
     def compute_intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """Computation intervals; on CPU without the main thread's time inside c10d calls."""
@@ -105,6 +107,37 @@ class Timeline:
         if self.main_comm_us is not None and self.main_comm_us[0].size:
             return iv.subtract(comp, self.main_comm_us)
         return comp
+
+    def comm_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Communication entries: NCCL kernels; on CPU c10d calls, gloo worker spans and the thread's waits."""
+        comm = self.kind == COMMUNICATION
+        return self.start_us[comm], self.end_us[comm]
+
+    def in_flight_intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """When a collective was in flight: `comm_intervals`, and on CPU the queued time before a worker
+        ran each one (`queued_us`). The always-on tier's host-clock durations run from issue to completion."""
+        comm = self.comm_intervals()
+        if self.queued_us is None or not self.queued_us[0].size:
+            return comm
+        return np.concatenate([comm[0], self.queued_us[0]]), np.concatenate([comm[1], self.queued_us[1]])
+
+
+def with_queues(tl: Timeline, issue_us: np.ndarray, start_us: np.ndarray) -> Timeline:
+    """A CPU timeline with its collectives' queued time: from each issuing ``c10d::`` call to the start of
+    the worker span it was paired with (`rank_collectives`: a group's workers run its collectives in
+    issue order).
+
+    A gloo worker starts a collective once it is free and the OS has scheduled it: on a busy host the
+    work waits a millisecond or more after its issue, no worker span covering it. It was in flight (the
+    always-on tier's duration runs from the issue to the completion), but no thread waited in that time:
+    it counts in the communication time (`comm_overlap`'s comm_s), not as exposed. GPU timelines are
+    returned as they are (a kernel's queue on its stream is not read from traces).
+    """
+    if tl.device != "cpu":
+        return tl
+    issue_us, start_us = np.asarray(issue_us, dtype=np.float64), np.asarray(start_us, dtype=np.float64)
+    keep = np.isfinite(issue_us) & (start_us > issue_us)
+    return replace(tl, queued_us=(issue_us[keep], start_us[keep]))
 
 
 def step_spans(events: Table, symbols: SymbolTable) -> Table:
@@ -269,10 +302,12 @@ def gloo_span_ends(trace: RankTrace, symbols: SymbolTable, patterns: CommPattern
     the waiting thread. On a busy host the woken training thread often takes the core first, and the
     span then ends milliseconds late: traces from 2 ranks on 2 cores showed 1.3-3.5 ms, past the
     optimizer and into the next step, while the reducer had copied the results right after
-    its wait. A collective cannot end after its result was used. So a span issued during a step's
-    backward, before the reducer's first `copy_bucket_to_grad` of that step, ends at the latest when
-    the step's last copy ends: by then the reducer has waited for every bucket (its finalize waits
-    for a bucket, then copies it); the step's first-issued span (bucket 0, the first the reducer waits for)
+    its wait. A collective cannot end after its result was used. So a span started during a step's
+    backward, before the reducer's last `copy_bucket_to_grad` of that step, ends at the latest when
+    that copy ends: by then the reducer has waited for every bucket (its finalize waits for a bucket,
+    then copies it). A worker may start a bucket after the first copy: queued behind the others, or
+    not yet scheduled on a busy host (compiled DDP's last bucket, 1 ms after its issue). The step's
+    first-issued span (bucket 0, the first the reducer waits for)
     ends at the latest when its first copy starts. Without such copies (`gradient_as_bucket_view`, no DDP) the
     spans are kept as they are.
     """
@@ -292,18 +327,18 @@ def gloo_span_ends(trace: RankTrace, symbols: SymbolTable, patterns: CommPattern
     cs, ce = ev["ts_us"][copies], ev["ts_us"][copies] + ev["dur_us"][copies]
     bs = np.sort(ev["ts_us"][backward])
     n = st.size
-    first_copy, last_copy_end, first_bwd = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    first_copy, last_copy, last_copy_end, first_bwd = (np.full(n, np.nan) for _ in range(4))
     k_copy = np.searchsorted(st, cs, side="right") - 1
     in_step = (k_copy >= 0) & (cs < en[np.maximum(k_copy, 0)])
     for k in np.unique(k_copy[in_step]):
         mine = in_step & (k_copy == k)
-        first_copy[k], last_copy_end[k] = cs[mine].min(), ce[mine].max()
+        first_copy[k], last_copy[k], last_copy_end[k] = cs[mine].min(), cs[mine].max(), ce[mine].max()
         i = np.searchsorted(bs, st[k])
         if i < bs.size and bs[i] < first_copy[k]:
             first_bwd[k] = bs[i]
     k_span = np.searchsorted(st, ws, side="right") - 1
     k = np.maximum(k_span, 0)
-    bounded = (k_span >= 0) & (ws < en[k]) & (ws >= first_bwd[k]) & (ws < first_copy[k])  # NaN compares False
+    bounded = (k_span >= 0) & (ws < en[k]) & (ws >= first_bwd[k]) & (ws < last_copy[k])  # NaN compares False
     out[bounded] = np.minimum(out[bounded], last_copy_end[k[bounded]])
     # The first bucket launched is the first the reducer waits for, before its first copy: its span ends by
     # then (a single-bucket model's all-reduce, which the training thread waits for from its last launch on).
