@@ -934,6 +934,10 @@ class CollectiveCapture:
             on_collective(record)
             return buf
 
+        # Issued when the process group is called (the `c10d::allreduce_` a trace shows): the Python above is
+        # the capture's own, 10-25 µs per bucket on a busy 2-core host, which the self-check's trace reads as
+        # the backward's compute and the record would count as the bucket's issue.
+        record["t_issue"] = now()
         work = pg.allreduce([buf])
         # The issuing call held the training thread (gloo enqueues, checks and copies there; on a busy host
         # the thread may lose its core to a worker mid-call: ms). Set before `then`, which may run `done` now.
