@@ -70,3 +70,18 @@ def test_mangled_runs_never_crash_the_analysis(tmp_path):
         a = analyze_run(run)
         json.dumps(dataclasses.asdict(a))
         assert not [w for w in a.warnings if " failed: " in w], a.warnings
+
+
+def test_the_ranks_notes_are_the_reports_warnings(run_copy):
+    # What a rank noted while it ran (meta.json's notes: a setting without effect, steps kept on the host clock)
+    # says how to read its numbers: one line per note, with the ranks that made it.
+    run = run_copy("healthy")
+    notes = {0: ["ddp.bucket_cap_mb: the script's 25 replaced by the run's 1.0", "system sampler: psutil failed"],
+             1: ["ddp.bucket_cap_mb: the script's 25 replaced by the run's 1.0"]}
+    for rank, mine in notes.items():
+        path = run / "ranks" / f"rank{rank:05d}.meta.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "notes": mine}))
+    a = analyze_run(run)
+    assert a.warnings == ("ranks 0-1: ddp.bucket_cap_mb: the script's 25 replaced by the run's 1.0",
+                          "rank 0: system sampler: psutil failed")
+    assert not a.partial

@@ -10,6 +10,7 @@ from typing import Any, Callable, TypeVar
 from ..config import RunConfig, ThresholdsConfig
 from ..errors import ConfigError
 from ..fabric import load_model
+from ..records import ranges_text
 from ._advice import strategy_advice
 from ._alerts import find_alerts
 from ._bottlenecks import diagnose
@@ -50,7 +51,7 @@ def analyze_run(run_dir: str | os.PathLike[str], *, thresholds: ThresholdsConfig
         ('io', {'dataloader': {'num_workers': 3, 'persistent_workers': True}})
     """
     frames = load_run(run_dir)
-    warnings = list(frames.warnings)
+    warnings = list(frames.warnings) + rank_notes(frames.meta)
     th = thresholds or run_thresholds(frames.config, warnings)
     steps, comm, more = measured(frames.steps, frames.comm)
     warnings += more
@@ -140,6 +141,27 @@ def _host_cores_per_rank(info: dict[str, Any], config: dict[str, Any], world_siz
     did not record the ranks' own (runs before it did)."""
     cores = cpu_count(info)
     return cores / nproc_per_node(info, config, world_size) if cores else None
+
+
+def rank_notes(meta: dict[int, dict[str, Any]]) -> list[str]:
+    """What the ranks noted while they ran (`RankRuntime.note`, meta.json's ``notes``), one line per note:
+    "ranks 0-3: ..." for a note every one of those ranks made, in the order they made them.
+
+    They say how to read the numbers (a setting that had no effect, a step kept on the host clock,
+    DDP's sampled timers, a failed clock exchange), so every report shows them with the run's warnings.
+
+    Example:
+        >>> rank_notes({0: {"notes": ["a", "b"]}, 1: {"notes": ["a"]}})
+        ['ranks 0-1: a', 'rank 0: b']
+    """
+    by_note: dict[str, list[int]] = {}
+    for rank in sorted(meta):
+        notes = meta[rank].get("notes") if isinstance(meta[rank], dict) else None
+        for note in notes if isinstance(notes, list) else ():
+            ranks = by_note.setdefault(str(note), [])
+            if rank not in ranks:
+                ranks.append(rank)
+    return [f"rank{'s' if len(ranks) > 1 else ''} {ranges_text(ranks)}: {note}" for note, ranks in by_note.items()]
 
 
 def _partial(status: str, exits: dict[int, dict[str, Any]], world_size: int, warnings: list[str]) -> bool:
