@@ -5,8 +5,8 @@ Trial 1 is planted as a winner that changes three knobs: two DataLoader workers 
 sixteen digits and fp16 gradient compression (passengers: lossy, for nothing). The ablation
 must keep the workers, drop the passengers as "no measurable effect", round the bucket cap,
 and write only the workers to best.toml. The baseline's io finding names the workers, so the two
-passengers are reverted together and dropped in one test (8 ablation runs where one test per knob
-took 12-14). 15-19 runs: with 2 pairs per test and 2 baseline runs a
+passengers are reverted together and, unless that test measures them faster, dropped in one test (8
+ablation runs where one test per knob took 12-14). 15-19 runs: with 2 pairs per test and 2 baseline runs a
 no-op knob was kept on a loaded host (both of its pairs at 1.5x by chance, the baseline's noise
 0.5 %); with 3 pairs every pair must favour it (a no-op: 1 in 8) and its gain must beat the noise
 of 3 baseline runs. 16 measured steps (~0.5-1 s): with 6 (0.15-0.3 s) one stall of the host moved
@@ -77,9 +77,16 @@ def test_the_ablation_keeps_the_workers_and_drops_the_rest(study):
     assert "dataloader.num_workers" in attrs["recommendations"]["asked"], attrs
     assert not {"compression.method", "ddp.bucket_cap_mb"} & {*attrs["recommendations"]["asked"],
                                                               *attrs["advisor"]["asked"]}, attrs
-    assert effects["compression.method"].tested_with == ("ddp.bucket_cap_mb",)
-    assert effects["ddp.bucket_cap_mb"].tested_with == ("compression.method",)
-    assert effects["compression.method"].run_dirs == effects["ddp.bucket_cap_mb"].run_dirs
+    assert a.together == ("compression.method", "ddp.bucket_cap_mb")
+    if _dropped_together(a):
+        assert effects["compression.method"].tested_with == ("ddp.bucket_cap_mb",)
+        assert effects["ddp.bucket_cap_mb"].tested_with == ("compression.method",)
+        assert effects["compression.method"].run_dirs == effects["ddp.bucket_cap_mb"].run_dirs
+    else:
+        # Together they measured faster beyond the baseline's noise (CI once read 1.040-1.048: fp16's hook path
+        # beside the builtin all-reduce on 2 cores crowded by 4 loader workers), so each was tested alone and
+        # dropped alone; the unit tests above and below hold both branches on scripted ratios.
+        assert all(e.tested_with == () and len(e.run_dirs) >= 1 for e in effects.values())
     assert workers.tested_with == ()
     # The last test compared the minimal configuration with the baseline: it is the re-check.
     assert a.better and a.run_dirs == workers.run_dirs and a.speedup == workers.ratio
@@ -109,10 +116,19 @@ def test_the_report_shows_each_knobs_share(study):
     assert "## Minimal configuration (ablation)" in md
     assert "| dataloader.num_workers | 2 | 0 |" in md and "| 100 % (100–100 %) | kept |" in md
     assert md.count("dropped: no measurable effect") == 2
-    assert "| dropped: no measurable effect (reverted with ddp.bucket_cap_mb) |" in md
-    assert "The changes no finding of the baseline asked for were first reverted together" in md
+    if _dropped_together(result.ablation):
+        assert "| dropped: no measurable effect (reverted with ddp.bucket_cap_mb) |" in md
+        assert "The changes no finding of the baseline asked for were first reverted together" in md
+    else:
+        assert "(compression.method, ddp.bucket_cap_mb) were reverted together first: " in md
     assert "`ddp.bucket_cap_mb` 60.9 → 61" in md
     json.dumps(info.to_dict(), allow_nan=False)
+
+
+def _dropped_together(a) -> bool:
+    """Whether the study's two unasked-for changes were dropped in the one test that reverted them together:
+    a measurement (their 3 pairs against the baseline's noise), not a rule."""
+    return not any("were reverted together first" in n for n in a.notes)
 
 
 def test_rounding_and_the_greedy_order_on_the_space():
