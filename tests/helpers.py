@@ -33,6 +33,25 @@ def torchrun_bootstrap(run_dir: Path, script: Path, *args: str, nproc: int = 2, 
     return proc
 
 
+# torch 2.13 on gloo now and then aborts a rank at interpreter exit, after its script called destroy_process_group
+# (the brief's "about 1 run in 8" without it; seen with it too): SIGABRT and this line on stderr.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def torchrun_results(script: Path, out: str, nproc: int, *args: str, timeout: float) -> list[dict]:
+    """Each rank's results of a bare `torchrun --standalone script ... --out OUT` (no torsh-tune), which every rank
+    writes to OUT.rank<r>.json before its final barrier. A launch that failed only by gloo's abort at exit, every
+    rank's results written, is the script's whole work; any other failure fails the test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(script),
+           *args, "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
+    files = [Path(f"{out}.rank{r}.json") for r in range(nproc)]
+    aborted_at_exit = GLOO_EXIT_ABORT in proc.stderr and all(f.is_file() for f in files)
+    assert proc.returncode == 0 or aborted_at_exit, proc.stderr[-3000:]
+    return [json.loads(f.read_text()) for f in files]
+
+
 def rank_stacks(run_dir: Path) -> str:
     """The Python stacks the ranks of a run left at a fatal signal or a stop (ranks/*.stacks.txt), or ""."""
     found = [p for p in sorted((Path(run_dir) / "ranks").glob("rank*.stacks.txt")) if p.stat().st_size]

@@ -10,9 +10,6 @@ Every variant is compared with a single-process reference trained on the global 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +20,7 @@ from torsh_tune.config import FSDPConfig
 from torsh_tune.errors import ConfigError
 from torsh_tune.strategies.fsdp import FSDPInfo, apply_fsdp, select_units
 
-from helpers import SCRIPTS
+from helpers import SCRIPTS, torchrun_results
 
 SCRIPT = SCRIPTS / "strategy_fsdp.py"
 LAUNCH_TIMEOUT_S = 120
@@ -51,13 +48,7 @@ class _Model(nn.Module):
 
 
 def _launch(tmp_path_factory, name: str, nproc: int, *args: str) -> list[dict]:
-    out = str(tmp_path_factory.mktemp(name) / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(SCRIPT),
-           *args, "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(open(f"{out}.rank{r}.json").read()) for r in range(nproc)]
+    return torchrun_results(SCRIPT, str(tmp_path_factory.mktemp(name) / "out"), nproc, *args, timeout=LAUNCH_TIMEOUT_S)
 
 
 def _one_line_error(exc: pytest.ExceptionInfo, what: str, value: str) -> None:

@@ -14,10 +14,6 @@ gloo's send/recv time and other processes' load, so they sit well above the theo
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -29,7 +25,7 @@ from torsh_tune.errors import ConfigError
 from torsh_tune.strategies.pipeline import build_pipeline, chain_segments, stage_indices_of, theoretical_bubble_pct
 
 from data.scripts._pipeline_model import DEPTH, Net
-from helpers import SCRIPTS
+from helpers import SCRIPTS, torchrun_results
 
 SCRIPT = SCRIPTS / "strategy_pipeline.py"
 LAUNCH_TIMEOUT_S = 240
@@ -60,13 +56,7 @@ def _one_line_error(exc: pytest.ExceptionInfo, what: str, value: str) -> None:
 
 
 def _launch(tmp_path_factory, name: str, nproc: int, *args: str) -> list[dict]:
-    out = str(tmp_path_factory.mktemp(name) / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(SCRIPT),
-           *args, "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(open(f"{out}.rank{r}.json").read()) for r in range(nproc)]
+    return torchrun_results(SCRIPT, str(tmp_path_factory.mktemp(name) / "out"), nproc, *args, timeout=LAUNCH_TIMEOUT_S)
 
 
 # -- the split and the theory (fast, no processes) ----------------------------------------------
