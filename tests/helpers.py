@@ -34,7 +34,7 @@ def torchrun_bootstrap(run_dir: Path, script: Path, *args: str, nproc: int = 2, 
 
 
 # torch 2.13 on gloo now and then aborts a rank at interpreter exit, after its script called destroy_process_group
-# (the brief's "about 1 run in 8" without it; seen with it too): SIGABRT and this line on stderr.
+# (about 1 run in 8 without that call; seen with it too): SIGABRT and this line on stderr.
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
