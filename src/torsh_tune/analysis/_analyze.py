@@ -148,7 +148,8 @@ def rank_notes(meta: dict[int, dict[str, Any]]) -> list[str]:
     "ranks 0-3: ..." for a note every one of those ranks made, in the order they made them.
 
     They say how to read the numbers (a setting that had no effect, a step kept on the host clock,
-    DDP's sampled timers, a failed clock exchange), so every report shows them with the run's warnings.
+    DDP's sampled timers, a failed clock exchange), so every report shows them with the run's warnings,
+    after what reading the run directory found.
 
     Example:
         >>> rank_notes({0: {"notes": ["a", "b"]}, 1: {"notes": ["a"]}})

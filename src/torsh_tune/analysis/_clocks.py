@@ -217,7 +217,7 @@ def clock_note(offsets: list[dict[str, Any]]) -> str | None:
         if o["exchange_offset_s"] is not None:
             evidence.append(f"start-up exchange with rank 0 {o['exchange_offset_s'] * 1e3:.3f} ms, within "
                             f"± {o['exchange_rtt_s'] * 1e3 / 2:.3f} ms")
-        else:  # its leader made none (a run from before the exchanges) or it failed: its meta.json notes say why
+        else:  # its leader made none (a run from before the exchanges) or it failed: the ranks' notes say why
             evidence.append("no exchange with rank 0 on record")
         if o["exchange_end_offset_s"] is not None:
             evidence.append(f"at the end {o['exchange_end_offset_s'] * 1e3:.3f} ms, within "

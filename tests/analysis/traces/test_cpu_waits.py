@@ -67,6 +67,9 @@ def test_a_synchronous_collectives_wait_is_communication_and_an_asynchronous_one
     assert overlap["comm_s"] * 1e6 == pytest.approx(750 + 1960 + 800)
     assert overlap["exposed_comm_s"] * 1e6 == pytest.approx(750 + 1960 + 50 + 700)
     assert overlap["overlapped_s"] * 1e6 == pytest.approx(50)
+    # The main thread idle while it sat in the queue: that idle stretch's cause is the collective.
+    assert [(r["start_us"], r["end_us"]) for r in a.tables["idle_segments"].rows() if r["cause"] == "comm_wait"] == [
+        (5250.0, 5300.0)]
     (step,) = a.tables["steps"].rows()
     assert (step["comm_s"], step["exposed_comm_s"]) == pytest.approx((overlap["comm_s"], overlap["exposed_comm_s"]))
     # The wait inside the enclosing operator is not that operator's compute.

@@ -137,7 +137,7 @@ def analyze_traces(source: str | Path | TraceSet, *, patterns: CommPatterns | No
     coll = collective_timing(coll)
     strag = stragglers(coll)
     steps = step_table(traces, timelines)
-    segments = idle_segments(timelines, traces, coll, patterns)
+    segments = idle_segments(timelines, traces, patterns)
     causes = idle_causes(segments, timelines, coll)
     idle_total = float(causes["idle_s"].sum())
     what_if = counterfactuals(steps)

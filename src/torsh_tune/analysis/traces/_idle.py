@@ -77,14 +77,12 @@ def _gap_causes(tl: Timeline, gs: np.ndarray, ge: np.ndarray) -> np.ndarray:
     return np.where(late, _HOST_WAIT, np.where(held, _COMM_WAIT, _OTHER))
 
 
-def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives: Table,
-                  patterns: CommPatterns) -> Table:
+def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, patterns: CommPatterns) -> Table:
     """Every idle stretch of every rank, cut where its cause changes.
 
     Args:
-        timelines: per-rank timelines (`rank_timeline`).
+        timelines: per-rank timelines (`rank_timeline`; on CPU with their queued collectives, `with_queues`).
         traces: the parsed traces (host events: syncs and comm waits).
-        collectives: `rank_collectives` rows (issue_us, start_us) of all ranks.
         patterns: `CommPatterns` (``syncs``, ``comm_waits``).
 
     Returns:
@@ -99,11 +97,8 @@ def idle_segments(timelines: dict[int, Timeline], traces: TraceSet, collectives:
         sync = _host_spans(traces, rank, patterns.syncs)
         waits = _host_spans(traces, rank, patterns.comm_waits)
         comm = waits
-        if tl.device == "cpu" and len(collectives):
-            # gloo: a collective issued by the main thread but not yet picked up by its worker.
-            mine = (collectives["rank"] == rank) & (collectives["issue_us"] < collectives["start_us"])
-            comm = (np.concatenate([waits[0], collectives["issue_us"][mine].astype(float)]),
-                    np.concatenate([waits[1], collectives["start_us"][mine].astype(float)]))
+        if tl.queued_us is not None:  # gloo: a collective issued by the main thread, not yet picked up by its worker
+            comm = (np.concatenate([waits[0], tl.queued_us[0]]), np.concatenate([waits[1], tl.queued_us[1]]))
         gap_cause = _gap_causes(tl, gs, ge)
         busy = (tl.start_us, tl.end_us)
         by_gap = [(gs[gap_cause == c], ge[gap_cause == c]) for c in (_COMM_WAIT, _HOST_WAIT, _OTHER)]

@@ -32,7 +32,7 @@ from ...records import PHASE_ANNOTATION_PREFIX
 from . import _intervals as iv
 from ._model import TraceSet
 from ._table import Table
-from ._timeline import COMMUNICATION, COMPUTATION, LOADER_ANNOTATION, Timeline
+from ._timeline import COMPUTATION, LOADER_ANNOTATION, Timeline
 
 __all__ = ["PHASE_COLUMNS", "phase_compute_intervals", "phase_spans", "phase_table"]
 
@@ -141,8 +141,8 @@ def phase_compute_intervals(trace: TraceSet, rank: int, tl: Timeline) -> tuple[i
     spans = phase_spans(trace, rank, tl)
     if spans[0].size == 0:
         return None
-    comm = (tl.start_us[tl.kind == COMMUNICATION], tl.end_us[tl.kind == COMMUNICATION])
-    return int(spans[0].size), iv.merge(*iv.clip(*spans, *tl.window_us)), iv.subtract(comm, tl.compute_intervals())
+    return int(spans[0].size), iv.merge(*iv.clip(*spans, *tl.window_us)), iv.subtract(tl.comm_intervals(),
+                                                                               tl.compute_intervals())
 
 
 def phase_table(trace: TraceSet, timelines: dict[int, Timeline]) -> Table:
