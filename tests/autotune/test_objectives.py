@@ -26,6 +26,9 @@ SPEC = {
     "ddp.bucket_cap_mb": {"value": 25.0},
     "compression.method": {"choices": ["none", "fp16", "topk"]},
     "compression.ratio": {"value": 0.1},
+    # No DataLoader workers: the sampler gave fp16's trial 3 per rank, whose 12 prefetched batches
+    # extended its warm-up by 10 steps (a 20 s trial of a 5-step study).
+    "dataloader.num_workers": {"value": 0},
 }
 BASE = RunConfig.from_dict(
     {"launch": {"nproc_per_node": 2}, "profiler": {"loss_every": 1}, "budget": {"kill_grace_s": 2.0}}

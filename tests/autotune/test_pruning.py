@@ -30,7 +30,9 @@ from torsh_tune.launch import Progress, find_run_processes
 from helpers import run_survivors
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_tune.py"
-SPEC = {"ddp.bucket_cap_mb": {"choices": [25.0, 75.0]}, "compression.method": {"value": "none"}}
+# No DataLoader workers: what is pruned is the planted slow bucket cap, not the workers' start-up.
+SPEC = {"ddp.bucket_cap_mb": {"choices": [25.0, 75.0]}, "compression.method": {"value": "none"},
+        "dataloader.num_workers": {"value": 0}}
 # Records reach the disk every step (flush 0.1 s) so the pruner sees the slow trial early.
 BASE = RunConfig.from_dict({
     "launch": {"nproc_per_node": 2},

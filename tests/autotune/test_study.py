@@ -20,9 +20,12 @@ from torsh_tune.launch import find_run_processes
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_tune.py"
 
 # rank 1 of train_tune.py raises when bucket_cap_mb > 100: the 150 MiB point is a planted failure.
+# No DataLoader workers: the sampler's 3-4 per rank made a 5-step trial 8-9 s (their start-up and
+# warm-up stock, on 2 cores) for nothing these tests look at.
 SPEC = {
     "ddp.bucket_cap_mb": {"choices": [25.0, 150.0, 5.0]},
     "compression.method": {"value": "none"},
+    "dataloader.num_workers": {"value": 0},
 }
 BASE = RunConfig.from_dict(
     {"launch": {"nproc_per_node": 2}, "profiler": {"loss_every": 1}, "budget": {"kill_grace_s": 2.0}}

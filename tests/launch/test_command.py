@@ -171,3 +171,42 @@ def test_cuda_availability_is_torchs_answer_and_needs_no_torch_import_on_a_cpu_h
         asked.clear()
         assert command.local_cuda_available() is expected and len(asked) == asks, text
     command.local_cuda_available.cache_clear()
+
+
+def test_the_agent_takes_the_rendezvous_costs_that_buy_nothing_and_keeps_its_retries(tmp_path, monkeypatch):
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    from torsh_tune.launch import _agent
+
+    monkeypatch.setattr(rdzv, "get_method_name", rdzv.get_method_name)  # restored after the test
+    monkeypatch.setattr(rdzv, "_delay", rdzv._delay)
+    original_name, original_delay = rdzv.get_method_name, rdzv._delay
+    one = build_torchrun_command(RunConfig(), tmp_path / "train.py", ["--standalone", "--nnodes", "2"],
+                                 run_dir=new_run_dir(tmp_path, "train.py", name="one"))
+    two = build_torchrun_command(RunConfig(launch=LaunchConfig(nnodes=2, rdzv_endpoint="node0:29400")),
+                                 tmp_path / "train.py", ["-m", "--standalone"],
+                                 run_dir=new_run_dir(tmp_path, "train.py", name="two"))
+    # Only torchrun's own options count: the script's arguments (here a `--standalone` of its own) do not.
+    assert _agent._one_node(one[3:]) and not _agent._one_node(two[3:])
+
+    _agent._lighter_rendezvous(two[3:])  # several nodes: every delay is kept
+    assert rdzv._delay is original_delay and rdzv.get_method_name is not original_name
+
+    def _record():  # the rendezvous' own pattern: the name of the method that records the event
+        return rdzv.get_method_name(), original_name()
+
+    def next_rendezvous():
+        return _record()
+
+    new, old = next_rendezvous()
+    assert new == old == "next_rendezvous"
+    assert rdzv.get_method_name(10_000) == original_name(10_000) == "no_method_name"
+
+    _agent._lighter_rendezvous(one[3:])  # one node: the first join's random spread is gone, a retry's wait is not
+    t0 = time.perf_counter()
+    rdzv._delay((0.25, 0.3))
+    assert time.perf_counter() - t0 < 0.2
+    rdzv._delay(0.05)
+    assert time.perf_counter() - t0 >= 0.05
