@@ -47,3 +47,9 @@ def test_module_hooks_benchmark_compares_the_three_arms():
     out = _run("module_hooks.py", "--blocks", "3", "--forwards", "200")
     assert out["benchmark"] == "module_hooks" and out["bare_us"] > 0
     assert set(out["hooked_cost_us"]) == set(out["watched_cost_us"]) == {"median", "q1", "q3"}
+
+
+def test_agent_rendezvous_benchmark_runs_both_arms_in_fresh_processes():
+    out = _run("agent_rendezvous.py", "--pairs", "1")
+    assert out["benchmark"] == "agent_rendezvous" and set(out["wall_s"]) == {"torchrun", "agent"}
+    assert all(s["median"] > 0 for s in out["wall_s"].values())
