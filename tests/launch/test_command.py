@@ -210,3 +210,47 @@ def test_the_agent_takes_the_rendezvous_costs_that_buy_nothing_and_keeps_its_ret
     assert time.perf_counter() - t0 < 0.2
     rdzv._delay(0.05)
     assert time.perf_counter() - t0 >= 0.05
+
+
+def test_the_agent_tells_every_log_tailer_once_the_workers_are_gone_and_each_still_reads_to_the_end(
+        tmp_path, monkeypatch):
+    import io
+
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+
+    from torsh_tune.launch import _agent
+
+    monkeypatch.setattr(api.PContext, "close", api.PContext.close)  # restored after the test
+    _agent._tails_stop_together()
+    _agent._tails_stop_together()  # once only
+    assert getattr(api.PContext, "close")._torsh_tune
+
+    told_at_first_stop: list[bool] = []
+    outs = [io.StringIO(), io.StringIO()]
+    files = []
+    for i in range(2):
+        f = tmp_path / f"worker{i}.log"
+        f.write_text(f"line of {i}\n")
+        files.append(f)
+
+    class Tail(TailLog):
+        def stop(self) -> None:
+            told_at_first_stop.append(all(e.is_set() for t in ctx._tail_logs for e in t._finished_events.values()))
+            super().stop()
+
+    class Context(api.PContext):  # torchrun's own close(), on workers already gone
+        def _start(self): ...
+        def _poll(self): ...
+        def pids(self): return {}
+        def _close(self, death_sig, timeout=30):
+            for i, f in enumerate(files):  # a worker's last words, written as it ends
+                with f.open("a") as out:
+                    out.write(f"last of {i}\n")
+
+    ctx = object.__new__(Context)
+    ctx._tail_logs = [Tail("w", {0: str(f)}, out).start() for f, out in zip(files, outs)]
+    ctx.filtered_stdout = ctx.filtered_stderr = None
+    ctx.close()
+    assert told_at_first_stop[:1] == [True] and "_close" not in vars(ctx)
+    assert [o.getvalue() for o in outs] == [f"[w0]:line of {i}\n[w0]:last of {i}\n" for i in range(2)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 
 def run_torchrun(argv: list[str]) -> int:
@@ -27,6 +28,7 @@ def run_torchrun(argv: list[str]) -> int:
     import traceback
 
     _lighter_rendezvous(argv[1:])
+    _tails_stop_together()
     sys.argv = list(argv)  # argv[0] is replaced by the module's path, as with -m
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
@@ -72,6 +74,43 @@ def _lighter_rendezvous(args: list[str]) -> None:
                 delay(seconds)
 
         rdzv._delay = first_join_undelayed
+
+
+def _tails_stop_together() -> None:
+    """Once torchrun's workers are gone, tell all its log tailers so at once (~0.1 s per run).
+
+    torchrun tees the workers' stdout and stderr through two `TailLog`s, whose threads poll the
+    log files every 0.1 s, and stops them one after the other: the second's threads only learn
+    that the workers ended once the first's have finished their last sleep. Here every tailer is
+    told when the workers are gone, before the first stop waits, so the sleeps end together. What
+    is teed, and when, is unchanged: a tailer still reads its file to the end before it stops. A
+    torch without these attributes is left as it is.
+    """
+    try:
+        from torch.distributed.elastic.multiprocessing.api import PContext
+    except Exception:  # noqa: BLE001 - torchrun reports its own import errors
+        return
+    close = getattr(PContext, "close", None)
+    if not callable(close) or getattr(close, "_torsh_tune", False):
+        return
+
+    def close_with_tails_told(self: Any, *args: Any, **kwargs: Any) -> None:
+        workers_closed = self._close
+
+        def _close(*a: Any, **k: Any) -> None:
+            workers_closed(*a, **k)
+            for tail in getattr(self, "_tail_logs", ()):
+                for finished in getattr(tail, "_finished_events", {}).values():
+                    finished.set()
+
+        self._close = _close  # this call's: the instance attribute shadows the method
+        try:
+            close(self, *args, **kwargs)
+        finally:
+            del self._close
+
+    close_with_tails_told._torsh_tune = True  # type: ignore[attr-defined]
+    PContext.close = close_with_tails_told
 
 
 def _method_name(depth: int = 2) -> str:
