@@ -112,7 +112,7 @@ def _tails_stop_together() -> None:
         try:
             close(self, *args, **kwargs)
         finally:
-            del self._close
+            vars(self).pop("_close", None)  # a close inside this one (a signal's) may have taken it
 
     close_with_tails_told._torsh_tune = True  # type: ignore[attr-defined]
     PContext.close = close_with_tails_told
