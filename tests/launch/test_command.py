@@ -174,9 +174,10 @@ def test_cuda_availability_is_torchs_answer_and_needs_no_torch_import_on_a_cpu_h
 
 
 def test_the_agent_takes_the_rendezvous_costs_that_buy_nothing_and_keeps_its_retries(tmp_path, monkeypatch):
-    import time
+    import types
 
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
     from torsh_tune.launch import _agent
 
@@ -205,11 +206,14 @@ def test_the_agent_takes_the_rendezvous_costs_that_buy_nothing_and_keeps_its_ret
     assert rdzv.get_method_name(10_000) == original_name(10_000) == "no_method_name"
 
     _agent._lighter_rendezvous(one[3:])  # one node: the first join's random spread is gone, a retry's wait is not
-    t0 = time.perf_counter()
+    slept: list[float] = []
+    monkeypatch.setattr(rdzv_utils, "time", types.SimpleNamespace(sleep=slept.append))  # what `_delay` sleeps
     rdzv._delay((0.25, 0.3))
-    assert time.perf_counter() - t0 < 0.2
-    rdzv._delay(0.05)
-    assert time.perf_counter() - t0 >= 0.05
+    assert slept == []
+    rdzv._delay(1)
+    assert slept == [1]
+    original_delay((0.25, 0.3))  # the check above can fail: torch's own delay sleeps on such a range
+    assert len(slept) == 2 and 0.25 <= slept[1] <= 0.3
 
 
 def test_the_agent_tells_every_log_tailer_once_the_workers_are_gone_and_each_still_reads_to_the_end(
