@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -21,7 +18,7 @@ from torsh_tune.errors import ConfigError
 from torsh_tune.rundir import RunDir
 from torsh_tune.strategies.compression import build_hook
 
-from helpers import SCRIPTS, read_jsonl, torchrun_bootstrap
+from helpers import SCRIPTS, read_jsonl, torchrun_bootstrap, torchrun_results
 
 SCRIPT = SCRIPTS / "train_compression.py"
 METHODS = ("none", "fp16", "bf16", "topk", "int8", "powersgd", "adaptive", "adaptive-no-loss")
@@ -110,13 +107,9 @@ def test_out_of_range_hook_options_are_config_errors(options, message):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> list[dict]:
     out = str(tmp_path_factory.mktemp("compression") / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT),
-           "--methods", ",".join(METHODS), "--steps", "400", "--ratio", "0.1", "--rank", "2", "--start-iter", "10",
-           "--min-ratio", "0.01", "--max-ratio", "0.25", "--out", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # an aborting rank says where
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return _results(out)
+    return torchrun_results(SCRIPT, out, 2, "--methods", ",".join(METHODS), "--steps", "400", "--ratio", "0.1",
+                            "--rank", "2", "--start-iter", "10", "--min-ratio", "0.01", "--max-ratio", "0.25",
+                            timeout=LAUNCH_TIMEOUT_S)
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT_S + 30)
