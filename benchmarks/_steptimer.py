@@ -26,4 +26,5 @@ def _dump() -> None:
 
 
 sys.argv = [script, *script_args]
+sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` would: its own modules import
 runpy.run_path(script, run_name="__main__")

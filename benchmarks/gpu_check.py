@@ -226,25 +226,27 @@ def _median(values: list[float]) -> float | None:
 
 
 def _table(result: dict[str, Any]) -> str:
-    lines = [f"{'check':<34}{'result'}", "-" * 100]
+    # The first column as wide as the longest check's name (a name longer than a fixed width ran into its result).
+    w = max([34, *(len(name) + 2 for name in result["checks"])])
+    lines = [f"{'check':<{w}}{'result'}", "-" * 100]
     for name, value in result["checks"].items():
         if not isinstance(value, dict):
-            lines.append(f"{name:<34}{value}")
+            lines.append(f"{name:<{w}}{value}")
             continue
         keys = ("status", "summary", "median_step_ms", "clock", "step_clocks", "device_vs_host_step", "peak_mem_mib",
                 "nvml_samples_in_window", "gpu_util_pct_in_window", "overhead_pct_median", "delta_us_median",
                 "median_bare_us", "median_torsh_us", "all_on_step_us", "saved_us")
         brief = ", ".join(f"{k}={value[k]}" for k in keys if k in value and value[k] is not None)
-        lines.append(f"{name:<34}{brief}")
+        lines.append(f"{name:<{w}}{brief}")
         for line in value.get("failed_tests") or []:
-            lines.append(f"{'  failed':<34}{line}")
+            lines.append(f"{'  failed':<{w}}{line}")
         for line in value.get("errors") or []:
-            lines.append(f"{'  E':<34}{line[1:].strip()}")
+            lines.append(f"{'  E':<{w}}{line[1:].strip()}")
         sc = value.get("self_check")
         if isinstance(sc, dict):
-            lines.append(f"{'  self-check (always-on vs trace)':<34}" + ", ".join(f"{k}={v}" for k, v in sc.items()))
+            lines.append(f"{'  self-check (always-on vs trace)':<{w}}" + ", ".join(f"{k}={v}" for k, v in sc.items()))
         if value.get("collectives"):
-            lines.append(f"{'  collectives (issuer/op/clock)':<34}{value['collectives']}")
+            lines.append(f"{'  collectives (issuer/op/clock)':<{w}}{value['collectives']}")
     lines.append("skipped: " + ("; ".join(result["skipped"]) or "nothing"))
     return "\n".join(lines)
 

@@ -70,8 +70,8 @@ def _window_cost(out: Path, nproc: int, window: range, work: Path, i: int) -> di
 def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> float:
     out = work / f"{arm}{i}"
     out.mkdir()
-    script_args = [str(out), str(SCRIPT), "--steps", str(args.steps), "--hidden", str(args.hidden), "--log-every", "100000",
-                   *args.script_args.split()]
+    own = ["--hidden", str(args.hidden), "--log-every", "100000"] if args.script == SCRIPT else []
+    script_args = [str(out), str(args.script), "--steps", str(args.steps), *own, *args.script_args.split()]
     if arm == "bare":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}", str(TIMER), *script_args]
     else:
@@ -91,7 +91,10 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=20, help="warm-up steps excluded from each run's median")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--script-args", default="", help="extra ddp_mlp.py flags, e.g. '--layers 1 --batch-size 8'")
+    p.add_argument("--script", type=Path, default=SCRIPT,
+                   help="the training script (default examples/ddp_mlp.py; --hidden applies to it alone). It must take "
+                        "--steps N, e.g. tests/data/scripts/stack_fsdp2.py (FSDP2 applied by the script)")
+    p.add_argument("--script-args", default="", help="extra flags for the script, e.g. '--layers 1 --batch-size 8'")
     p.add_argument("--trace-window", metavar="START:LEN", help="arm B also captures this deep-trace window")
     args = p.parse_args()
     windows = []
@@ -117,8 +120,8 @@ def main() -> None:
     q1, q3 = (statistics.quantiles(ov, n=4)[0], statistics.quantiles(ov, n=4)[2]) if len(ov) >= 2 else (ov[0], ov[0])
     summary = {
         "benchmark": "overhead",
-        "script": "examples/ddp_mlp.py",
-        "hidden": args.hidden,
+        "script": str(args.script.resolve().relative_to(REPO)) if args.script.resolve().is_relative_to(REPO) else str(args.script),
+        "hidden": args.hidden if args.script == SCRIPT else None,
         "nproc": args.nproc,
         "steps": args.steps,
         "pairs": args.pairs,
