@@ -876,7 +876,10 @@ class CollectiveCapture:
         if device:
             self._unwaited[id(work)] = record
         try:
-            work.get_future().then(_complete)
+            # Not `then`: it builds a second future for a callback that returns nothing (~0.8 us more per
+            # collective). Both register the callback the same way (the future's streams current on CUDA); an
+            # error raised in it is logged by torch instead of set on a future nobody reads.
+            work.get_future().add_done_callback(_complete)
         except RuntimeError:
             # No future for this work (some p2p works): completion is when wait() returns (host clock).
             record["_on_wait"] = True
