@@ -442,7 +442,7 @@ class CollectiveCapture:
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             record = works.pop(id(work), None)
-            if record is None or torch.compiler.is_compiling():
+            if record is None or traced() or flags._is_compiling_flag:
                 return original(work, *args, **kwargs)
             # An asynchronous NCCL collective: the current stream waits for it from here (Work.wait() makes
             # it); the time from this event to the collective's end is what the stream idled for it.

@@ -504,7 +504,7 @@ def _patch_grad_scaler_scale() -> dict[int, tuple[Any, torch.Tensor]]:
         def scale(self: Any, outputs: Any, _original: Callable = original) -> Any:
             out = _original(self, outputs)
             if isinstance(outputs, torch.Tensor) and isinstance(out, torch.Tensor) and out is not outputs \
-                    and not torch.compiler.is_compiling():
+                    and not (traced() or flags._is_compiling_flag):
                 key = id(out)
                 scaled[key] = (weakref.ref(out, lambda _: scaled.pop(key, None)), outputs.detach())
             return out
@@ -686,7 +686,8 @@ def _patch_grad_scaler(state: dict[str, Any], boundary: Callable[[float], None])
             state["stepped"] = False
             result = _original(self, optimizer, *args, **kwargs)
             owner = state["owner"]
-            if not state["stepped"] and (owner is None or owner == id(optimizer)) and not torch.compiler.is_compiling():
+            if (not state["stepped"] and (owner is None or owner == id(optimizer))
+                    and not (traced() or flags._is_compiling_flag)):
                 state["owner"] = id(optimizer)
                 boundary(now())
             return result
