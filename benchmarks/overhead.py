@@ -7,6 +7,9 @@ median step times; the overhead is the median of those ratios, with its spread.
 
     .venv/bin/python benchmarks/overhead.py --pairs 8 --steps 300
     .venv/bin/python benchmarks/overhead.py --pairs 4 --steps 200 --trace-window 100:5
+    .venv/bin/python benchmarks/overhead.py --script tests/data/scripts/stack_fsdp2.py --script-args "--blocks 10"
+
+`--script` measures another script the same way (it must take `--steps N`; `--hidden` is ddp_mlp.py's).
 
 With `--trace-window START:LEN` arm B also opens one deep-trace window: its overhead is
 then computed outside the window (window steps and the step after it, which pays the
@@ -70,7 +73,7 @@ def _window_cost(out: Path, nproc: int, window: range, work: Path, i: int) -> di
 def run_arm(arm: str, args: argparse.Namespace, work: Path, i: int) -> float:
     out = work / f"{arm}{i}"
     out.mkdir()
-    own = ["--hidden", str(args.hidden), "--log-every", "100000"] if args.script == SCRIPT else []
+    own = ["--hidden", str(args.hidden), "--log-every", "100000"] if args.script.resolve() == SCRIPT else []
     script_args = [str(out), str(args.script), "--steps", str(args.steps), *own, *args.script_args.split()]
     if arm == "bare":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}", str(TIMER), *script_args]
@@ -117,11 +120,12 @@ def main() -> None:
             print(f"pair {i}: {rows[-1]['order']:<11} bare {rows[-1]['bare_ms']:8.3f} ms   torsh-tune {rows[-1]['torsh_ms']:8.3f} ms   "
                   f"overhead {rows[-1]['overhead_pct']:+6.2f} %", flush=True)
     ov = sorted(r["overhead_pct"] for r in rows)
+    script = args.script.resolve()
     q1, q3 = (statistics.quantiles(ov, n=4)[0], statistics.quantiles(ov, n=4)[2]) if len(ov) >= 2 else (ov[0], ov[0])
     summary = {
         "benchmark": "overhead",
-        "script": str(args.script.resolve().relative_to(REPO)) if args.script.resolve().is_relative_to(REPO) else str(args.script),
-        "hidden": args.hidden if args.script == SCRIPT else None,
+        "script": str(script.relative_to(REPO)) if script.is_relative_to(REPO) else str(script),
+        "hidden": args.hidden if script == SCRIPT else None,
         "nproc": args.nproc,
         "steps": args.steps,
         "pairs": args.pairs,
