@@ -24,7 +24,9 @@ def capture():
     saved = {(module, name): getattr(module, name) for module in (c10d, dist) for name in names if hasattr(module, name)}
     saved.update({(funcol, name): getattr(funcol, name) for name in [*_FUNCTIONAL, "wait_tensor"]
                   if hasattr(funcol, name)})
-    work_wait = torch._C._distributed_c10d.Work.wait
+    # Work's wait and every subclass's own (the capture times a subclass's at its first work: `_patch_wait`)
+    work_type = torch._C._distributed_c10d.Work
+    waits = {t: vars(t)["wait"] for t in (work_type, *work_type.__subclasses__()) if "wait" in vars(t)}
     tracker = StepTracker(rank=0, writer=None, warmup_steps=0, loss_every=1)
     cap = CollectiveCapture(tracker, rank=0)
     cap.install()
@@ -38,4 +40,5 @@ def capture():
             dist.destroy_process_group()
         for (module, name), original in saved.items():
             setattr(module, name, original)
-        torch._C._distributed_c10d.Work.wait = work_wait
+        for t, original in waits.items():
+            t.wait = original

@@ -170,6 +170,25 @@ def test_the_time_blocked_in_work_wait_is_the_async_collectives(capture):
     assert sync_record["blocked_s"] == sync_record["duration_s"] > 0 and not sync_record["async_op"]
 
 
+def test_a_work_type_with_a_wait_of_its_own_is_timed_too(capture):
+    # torch's fake group returns FakeWork, a subclass whose wait() is its own binding (as a Python backend's
+    # works have theirs): patching Work.wait alone left its waits untimed and its records held until forgotten.
+    cap, tracker = capture
+    _fake()
+    fake_wait = torch._C._distributed_c10d.FakeWork.wait
+    first = dist.all_reduce(torch.ones(1000), async_op=True)
+    assert type(first).__name__ == "FakeWork" and torch._C._distributed_c10d.FakeWork.wait is not fake_wait
+    (record,) = cap._works.values()
+    issued = record["blocked_s"]
+    first.wait()
+    assert cap._works == {} and record["blocked_s"] > issued and "_wait_end" in record
+    second = dist.all_reduce(torch.ones(1000), async_op=True)  # the type is patched once: the same wrapper
+    patched = torch._C._distributed_c10d.FakeWork.wait
+    second.wait()
+    assert cap._works == {} and torch._C._distributed_c10d.FakeWork.wait is patched
+    assert [r["async_op"] for r in _completed(tracker, 2)] == [True, True]
+
+
 def test_a_functional_collective_completes_at_its_wait_tensor(capture):
     import torch.distributed._functional_collectives as funcol
 

@@ -365,6 +365,7 @@ class CollectiveCapture:
         # kind of call -> (its shared fields, [count, bytes])
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
+        self._wait_types: set[type] = set()  # the work types whose wait() is timed (`_patch_wait`)
         # Device clock: id(work) -> the record of an asynchronous NCCL collective not waited on yet. Handed
         # to the tracker at its Work.wait() (with an event where the stream reached the wait) or, never
         # waited on (a chained future), when its step ends (`release_unwaited`).
@@ -432,8 +433,11 @@ class CollectiveCapture:
 
         return destroy_process_group
 
-    def _patch_wait(self) -> None:
-        work_type = torch._C._distributed_c10d.Work
+    def _patch_wait(self, work_type: type = torch._C._distributed_c10d.Work) -> None:
+        """Time `work_type.wait()` (c10d's `Work`; `_end` brings a subclass with a `wait` of its own here: torch's
+        fake group's `FakeWork`, a Python backend's works), once per type: a subclass's `wait` that calls the
+        base's finds its record taken, and the base's passes through."""
+        self._wait_types.add(work_type)
         original = work_type.wait
         if getattr(original, "_torsh_capture", False):
             return
@@ -859,6 +863,8 @@ class CollectiveCapture:
             record["_issued"] = self.tracker.device_events.record()
         self._works[id(work)] = record
         _forget_oldest(self._works)  # works nobody waits on (futures instead)
+        if type(work) not in self._wait_types:  # a subclass whose wait() is its own
+            self._patch_wait(type(work))
         tracker, events = self.tracker, self.tracker.device_events
 
         def _complete(fut: Any) -> None:
