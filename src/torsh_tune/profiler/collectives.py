@@ -480,7 +480,10 @@ class CollectiveCapture:
                         tracker.on_collective(record)
 
         wait._torsh_capture = True  # type: ignore[attr-defined]
-        work_type.wait = wait
+        try:
+            work_type.wait = wait
+        except (TypeError, AttributeError):  # a type that takes no attribute: its waits stay untimed, the run goes on
+            pass
 
     # -- functional collectives --------------------------------------------------------
     def _install_functional(self) -> None:
