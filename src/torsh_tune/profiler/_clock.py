@@ -56,9 +56,10 @@ def exchange_with_rank0(store: Any, node_rank: int, nnodes: int, *, tag: str = "
     is destroyed (`runtime.patches`): rank 0 (node 0) answers each other host in turn, `rounds`
     times, with its clock's reading as the ping arrives; a host takes, from the round with the
     least round trip, the midpoint of its own send and receive minus that reading. Its error is at
-    most half that round trip, whatever the two directions' delays. A two-rank gloo group per host pair, built on the job's store under a
-    key prefix of its own (`tag`: one per exchange, the same on every rank) and never registered
-    with c10d: no collective of the job's, no group count, nothing a capture or a script sees.
+    most half that round trip, whatever the two directions' delays. A two-rank gloo group per host
+    pair, built on the job's store under a key prefix of its own (`tag`: one per exchange, the same
+    on every rank) and never registered with c10d: no collective of the job's, no group count,
+    nothing a capture or a script sees.
 
     `peers`: on rank 0, the nodes to answer (default: 1 to nnodes - 1).
 
