@@ -187,6 +187,23 @@ def test_a_work_type_with_a_wait_of_its_own_is_timed_too(capture):
     second.wait()
     assert cap._works == {} and torch._C._distributed_c10d.FakeWork.wait is patched
     assert [r["async_op"] for r in _completed(tracker, 2)] == [True, True]
+    assert cap.untimed_waits == []
+
+
+def test_a_work_type_that_takes_no_wrapper_is_named_and_the_call_goes_on(capture):
+    cap, _ = capture
+
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise TypeError("frozen")
+
+    class FrozenWork(metaclass=Frozen):
+        def wait(self):
+            return True
+
+    cap._patch_wait(FrozenWork)
+    assert FrozenWork().wait() is True and "_torsh_capture" not in vars(FrozenWork.wait)
+    assert cap.untimed_waits == [f"{__name__}.{FrozenWork.__qualname__}"]
 
 
 def test_a_functional_collective_completes_at_its_wait_tensor(capture):

@@ -366,6 +366,7 @@ class CollectiveCapture:
         self._kinds: dict[tuple, tuple[SharedFields, list[int]]] = {}
         self._works: dict[int, dict[str, Any]] = {}  # id(work) -> its record, until waited on
         self._wait_types: set[type] = set()  # the work types whose wait() is timed (`_patch_wait`)
+        self.untimed_waits: list[str] = []  # work types that refused the wrapper: their waits are not timed
         # Device clock: id(work) -> the record of an asynchronous NCCL collective not waited on yet. Handed
         # to the tracker at its Work.wait() (with an event where the stream reached the wait) or, never
         # waited on (a chained future), when its step ends (`release_unwaited`).
@@ -482,8 +483,8 @@ class CollectiveCapture:
         wait._torsh_capture = True  # type: ignore[attr-defined]
         try:
             work_type.wait = wait
-        except (TypeError, AttributeError):  # a type that takes no attribute: its waits stay untimed, the run goes on
-            pass
+        except (TypeError, AttributeError):  # a type that takes no attribute: the run goes on, meta.json says so
+            self.untimed_waits.append(f"{work_type.__module__}.{work_type.__qualname__}")
 
     # -- functional collectives --------------------------------------------------------
     def _install_functional(self) -> None:

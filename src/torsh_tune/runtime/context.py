@@ -209,6 +209,9 @@ class RankRuntime:
                 self.meta["ddp_models"][i]["bucket_sizes_bytes"] = sizes_bytes
         if self.collectives is not None:
             self.meta["collectives"] = self.collectives.by_issuer
+            for name in self.collectives.untimed_waits:
+                self.note(f"the waits on {name} works are not timed (the type takes no wrapper): their blocked time "
+                          "is the issuing call's alone")
         if self.tracker.device_errors:
             self.note(f"{len(self.tracker.device_errors)} step(s) kept on the host clock, their CUDA events "
                       f"unreadable; first: {self.tracker.device_errors[0]}")
